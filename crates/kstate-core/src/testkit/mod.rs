@@ -1,0 +1,137 @@
+//! The conformance kit: one suite every engine must pass (feature `testkit`).
+//!
+//! In the spirit of TiKV's `engine_traits_tests`: the scenarios are written once against the
+//! [`KeyValueStore`] trait, and each engine's test crate instantiates them with
+//! [`conformance_tests!`](crate::conformance_tests) and [`model_tests!`](crate::model_tests).
+//! Every scenario runs through every write path ([`WritePath`]): single puts and deletes,
+//! `put_all`/`delete_all`, and one atomic [`Batch`], because engines often
+//! implement those separately and a bug in one path hides behind the others.
+//!
+//! The kit panics on failure (it is test code); engines provide a [`Harness`] that opens fresh
+//! stores and reopens existing ones.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+pub mod model;
+pub mod scenarios;
+
+use crate::store::{Batch, KeyValueStore, Mutation};
+
+/// How the kit gets stores from an engine.
+pub trait Harness {
+    /// The engine's store type.
+    type Store: KeyValueStore;
+
+    /// A fresh, empty store.
+    fn open(&mut self) -> Self::Store;
+
+    /// Closes `store` and opens it again, as a restarted task would: the contents must be what
+    /// they were at close.
+    fn reopen(&mut self, store: Self::Store) -> Self::Store;
+}
+
+/// The ways a mutation can reach a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritePath {
+    /// `put` and `delete`, one call per mutation.
+    Single,
+    /// Runs of puts through `put_all`, runs of deletes through `delete_all`.
+    Grouped,
+    /// All mutations in one atomic `write(Batch)`.
+    Batch,
+}
+
+impl WritePath {
+    /// Every path, in the order the scenarios run them.
+    pub const ALL: [WritePath; 3] = [WritePath::Single, WritePath::Grouped, WritePath::Batch];
+
+    /// Applies `mutations` to `store` through this path.
+    pub fn apply<S: KeyValueStore + ?Sized>(self, store: &S, mutations: &[Mutation]) {
+        match self {
+            WritePath::Single => {
+                for (k, v) in mutations {
+                    match v {
+                        Some(v) => store.put(k, v).unwrap(),
+                        None => store.delete(k).unwrap(),
+                    }
+                }
+            }
+            WritePath::Grouped => {
+                for run in mutations.chunk_by(|a, b| a.1.is_some() == b.1.is_some()) {
+                    if run[0].1.is_some() {
+                        let entries: Vec<(&[u8], &[u8])> = run
+                            .iter()
+                            .map(|(k, v)| (k.as_slice(), v.as_deref().unwrap_or_default()))
+                            .collect();
+                        store.put_all(&entries).unwrap();
+                    } else {
+                        let keys: Vec<&[u8]> = run.iter().map(|(k, _)| k.as_slice()).collect();
+                        store.delete_all(&keys).unwrap();
+                    }
+                }
+            }
+            WritePath::Batch => store
+                .write(mutations.iter().cloned().collect::<Batch>())
+                .unwrap(),
+        }
+    }
+}
+
+/// Generates one `#[test]` per conformance scenario for the engine whose [`Harness`] the
+/// expression builds.
+///
+/// ```ignore
+/// kstate_core::conformance_tests!(MyHarness::new());
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@tests $harness;
+            get_of_a_missing_key_is_none,
+            put_then_get_returns_the_value,
+            later_writes_win,
+            delete_removes_and_deleting_a_missing_key_is_fine,
+            empty_values_are_not_absent_values,
+            multi_get_answers_in_request_order,
+            keys_order_as_unsigned_bytes,
+            ranges_honour_every_kind_of_bound,
+            reverse_ranges_mirror_forward_ranges,
+            prefix_scans_cover_exactly_the_prefix,
+            inverted_ranges_are_empty,
+            long_scans_see_every_key_once,
+            large_values_round_trip,
+            approximate_len_tracks_the_entry_count,
+            closed_stores_refuse_every_operation,
+            reopen_keeps_every_flushed_write
+        );
+    };
+    (@tests $harness:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                let mut harness = $harness;
+                $crate::testkit::scenarios::$name(&mut harness);
+            }
+        )*
+    };
+}
+
+/// Generates the model-based property test (random operation sequences checked against a
+/// `BTreeMap`) for the engine whose [`Harness`] the expression builds.
+#[macro_export]
+macro_rules! model_tests {
+    ($harness:expr) => {
+        #[test]
+        fn random_operations_match_a_btreemap_model() {
+            let mut harness = $harness;
+            $crate::testkit::model::check_against_model(&mut harness, 64);
+        }
+    };
+    ($harness:expr, cases = $cases:expr) => {
+        #[test]
+        fn random_operations_match_a_btreemap_model() {
+            let mut harness = $harness;
+            $crate::testkit::model::check_against_model(&mut harness, $cases);
+        }
+    };
+}

@@ -1,0 +1,111 @@
+//! [`OpenError`]: why a RocksDB store could not be opened, naming the path.
+//!
+//! RocksDB reports every open failure as a status string. The cases a user can act on (the
+//! directory is already open, the path is a file, the directory is not writable) are classified
+//! here so that callers can match on them instead of parsing messages.
+
+use std::path::PathBuf;
+
+/// Why [`RocksDbStore::open`](crate::RocksDbStore::open) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Another handle, in this process or another, holds the store's `LOCK` file.
+    #[error(
+        "cannot open store at {path}: it is already open (RocksDB's LOCK file is held): {source}"
+    )]
+    AlreadyOpen {
+        /// The store directory.
+        path: PathBuf,
+        /// RocksDB's report.
+        #[source]
+        source: rocksdb::Error,
+    },
+
+    /// The path exists and is not a directory.
+    #[error("cannot open store at {path}: the path exists and is not a directory")]
+    NotADirectory {
+        /// The path given.
+        path: PathBuf,
+    },
+
+    /// The directory cannot be created or written.
+    #[error("cannot open store at {path}: permission denied: {source}")]
+    PermissionDenied {
+        /// The store directory.
+        path: PathBuf,
+        /// The underlying failure.
+        #[source]
+        source: kstate_core::BoxError,
+    },
+
+    /// The store's files are damaged.
+    #[error("cannot open store at {path}: the store is corrupt: {source}")]
+    Corrupt {
+        /// The store directory.
+        path: PathBuf,
+        /// RocksDB's report.
+        #[source]
+        source: rocksdb::Error,
+    },
+
+    /// Any other file system failure while preparing the directory.
+    #[error("cannot open store at {path}: {source}")]
+    Io {
+        /// The store directory.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Any other failure RocksDB reported.
+    #[error("cannot open store at {path}: {source}")]
+    Rocks {
+        /// The store directory.
+        path: PathBuf,
+        /// RocksDB's report.
+        #[source]
+        source: rocksdb::Error,
+    },
+}
+
+impl OpenError {
+    /// Classifies an I/O error from preparing the directory.
+    pub(crate) fn from_io(path: PathBuf, source: std::io::Error) -> Self {
+        match source.kind() {
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                OpenError::PermissionDenied {
+                    path,
+                    source: Box::new(source),
+                }
+            }
+            std::io::ErrorKind::NotADirectory | std::io::ErrorKind::AlreadyExists => {
+                OpenError::NotADirectory { path }
+            }
+            _ => OpenError::Io { path, source },
+        }
+    }
+
+    /// Classifies RocksDB's status from `DB::open`.
+    pub(crate) fn from_rocks(path: PathBuf, source: rocksdb::Error) -> Self {
+        let message = source.as_ref().to_ascii_lowercase();
+        if message.contains("lock")
+            && (message.contains("lock hold by current process")
+                || message.contains("resource temporarily unavailable")
+                || message.contains("no locks available"))
+        {
+            OpenError::AlreadyOpen { path, source }
+        } else if message.contains("permission denied") || message.contains("read-only file system")
+        {
+            OpenError::PermissionDenied {
+                path,
+                source: Box::new(source),
+            }
+        } else if matches!(source.kind(), rocksdb::ErrorKind::Corruption) {
+            OpenError::Corrupt { path, source }
+        } else {
+            OpenError::Rocks { path, source }
+        }
+    }
+}

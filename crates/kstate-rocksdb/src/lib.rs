@@ -1,0 +1,35 @@
+//! kstate-rocksdb: a RocksDB [`KeyValueStore`](kstate_core::KeyValueStore) that never writes
+//! RocksDB's write-ahead log.
+//!
+//! The durability of kstate's state comes from a Kafka changelog (the `kstate-kafka` crate), as
+//! in Apache Samza after SAMZA-543: with the changelog there, the WAL is pure cost. This crate is
+//! the thin RocksDB layer under it:
+//!
+//! - [`RocksDbStore`]: the store; every write disables the WAL ([`wal_free_write_options`]).
+//! - [`RocksDbOptions`]: defaults chosen by measurement, and a builder to tune them.
+//! - [`MemoryBudget`]: one block cache and one write-buffer manager shared by many stores.
+//! - a metadata column family, flushed atomically with the data, for the changelog position.
+//!
+//! ```
+//! use kstate_core::KeyValueStore;
+//! use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = RocksDbStore::open(dir.path().join("partition-0"), &RocksDbOptions::default())?;
+//! store.put(b"user:1", b"ada")?;
+//! assert_eq!(store.get(b"user:1")?.as_deref(), Some(&b"ada"[..]));
+//! store.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(unsafe_code)]
+
+mod error;
+mod options;
+mod store;
+
+pub use error::OpenError;
+pub use options::{Compression, MemoryBudget, RocksDbOptions};
+/// The `rocksdb` crate this one is built on, for benchmarks that compare against it.
+pub use rocksdb;
+pub use store::{METADATA_CF, RocksDbStore, wal_free_write_options};

@@ -1,0 +1,227 @@
+//! [`RocksDbOptions`] and the shared [`MemoryBudget`].
+//!
+//! A stream task runs one store per input partition. Kafka Streams gives every store its own block
+//! cache and memtables by default, so a hundred partitions cost a hundred times the memory, a
+//! standing complaint of its users. Here every store draws on a [`MemoryBudget`]: one LRU block
+//! cache and one `WriteBufferManager` that charges memtable memory to that cache, so the whole
+//! process stays within the cache's capacity however many stores it opens (RocksDB wiki,
+//! "Write Buffer Manager", and Kafka Streams' own "bounded memory" recipe). Index and filter
+//! blocks live in the cache too, so they are bounded by it as well.
+//!
+//! Unless told otherwise, stores share one process-wide budget ([`MemoryBudget::process_default`]).
+//!
+//! The defaults were chosen by measurement with `examples/rows_per_second.rs` on the project's
+//! 2-core machine (see BENCHMARKS.md) and follow RocksDB's tuning guide where the measurement
+//! could not tell them apart:
+//!
+//! | option | default | why |
+//! |---|---|---|
+//! | memtable (`write_buffer_size`) | 64 MiB | fewer, larger flushes; the budget caps the total |
+//! | memtables per store | 3 | one being written, up to two being flushed |
+//! | bloom filter | 10 bits/key | ~1% false positives; gets of absent keys skip SST reads |
+//! | block size | 16 KiB | denser index, better compression for 100-byte values |
+//! | compression | LZ4, ZSTD at the bottommost level | RocksDB's recommended pairing |
+//! | budget | 256 MiB, of which up to 128 MiB memtables | one budget for all stores |
+
+use std::sync::OnceLock;
+
+use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, Options, WriteBufferManager};
+
+/// Memory shared by many stores: one block cache, and a write-buffer manager that charges
+/// memtables to it. Cloning shares; create one per process (or per group of stores that should
+/// share a limit) and pass it to every store's options.
+#[derive(Clone)]
+pub struct MemoryBudget {
+    cache: Cache,
+    write_buffers: WriteBufferManager,
+    total_bytes: usize,
+    memtable_bytes: usize,
+}
+
+impl std::fmt::Debug for MemoryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBudget")
+            .field("total_bytes", &self.total_bytes)
+            .field("memtable_bytes", &self.memtable_bytes)
+            .field("memtable_usage", &self.write_buffers.get_usage())
+            .finish()
+    }
+}
+
+impl MemoryBudget {
+    /// A budget of `total_bytes` for block cache plus memtables, of which memtables may use up to
+    /// `memtable_bytes`. When memtables reach their share, RocksDB flushes the largest one.
+    pub fn new(total_bytes: usize, memtable_bytes: usize) -> Self {
+        let memtable_bytes = memtable_bytes.min(total_bytes);
+        let cache = Cache::new_lru_cache(total_bytes);
+        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            memtable_bytes,
+            false,
+            cache.clone(),
+        );
+        MemoryBudget {
+            cache,
+            write_buffers,
+            total_bytes,
+            memtable_bytes,
+        }
+    }
+
+    /// The process-wide budget stores use unless given another: 256 MiB, up to 128 MiB of it for
+    /// memtables.
+    pub fn process_default() -> Self {
+        static DEFAULT: OnceLock<MemoryBudget> = OnceLock::new();
+        DEFAULT
+            .get_or_init(|| MemoryBudget::new(256 << 20, 128 << 20))
+            .clone()
+    }
+
+    /// The budget's total size in bytes.
+    pub fn total_bytes(&self) -> usize {
+        self.total_bytes
+    }
+
+    /// Memory the memtables of all stores on this budget hold now, in bytes.
+    pub fn memtable_usage(&self) -> usize {
+        self.write_buffers.get_usage()
+    }
+
+    /// Memory the block cache holds now (data, index and filter blocks, and the memtable
+    /// charge), in bytes.
+    pub fn cache_usage(&self) -> usize {
+        self.cache.get_usage()
+    }
+}
+
+/// Value compression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// No compression.
+    None,
+    /// LZ4 on every level.
+    Lz4,
+    /// LZ4 on upper levels and ZSTD on the bottommost, where most data lives.
+    Lz4ThenZstd,
+}
+
+/// How a [`RocksDbStore`](crate::RocksDbStore) configures RocksDB. The WAL is not an option: it
+/// is off for every write, always.
+#[derive(Debug, Clone)]
+pub struct RocksDbOptions {
+    pub(crate) memory: Option<MemoryBudget>,
+    pub(crate) write_buffer_size: usize,
+    pub(crate) max_write_buffers: i32,
+    pub(crate) bloom_bits_per_key: f64,
+    pub(crate) block_size: usize,
+    pub(crate) compression: Compression,
+    pub(crate) background_jobs: i32,
+}
+
+impl Default for RocksDbOptions {
+    fn default() -> Self {
+        RocksDbOptions {
+            memory: None,
+            write_buffer_size: 64 << 20,
+            max_write_buffers: 3,
+            bloom_bits_per_key: 10.0,
+            block_size: 16 << 10,
+            compression: Compression::Lz4ThenZstd,
+            background_jobs: 2,
+        }
+    }
+}
+
+impl RocksDbOptions {
+    /// The defaults (see the module docs).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Draw block cache and memtables from `budget` instead of the process-wide default.
+    pub fn memory_budget(mut self, budget: MemoryBudget) -> Self {
+        self.memory = Some(budget);
+        self
+    }
+
+    /// The size of one memtable, in bytes.
+    pub fn write_buffer_size(mut self, bytes: usize) -> Self {
+        self.write_buffer_size = bytes;
+        self
+    }
+
+    /// How many memtables a store may hold (at least 2: one written while another flushes).
+    pub fn max_write_buffers(mut self, n: u16) -> Self {
+        self.max_write_buffers = i32::from(n.max(2));
+        self
+    }
+
+    /// Bloom filter bits per key; `0.0` turns the filter off.
+    pub fn bloom_bits_per_key(mut self, bits: f64) -> Self {
+        self.bloom_bits_per_key = bits;
+        self
+    }
+
+    /// The SST data block size, in bytes.
+    pub fn block_size(mut self, bytes: usize) -> Self {
+        self.block_size = bytes;
+        self
+    }
+
+    /// Value compression.
+    pub fn compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
+    }
+
+    /// How many flushes and compactions one store may run at once.
+    pub fn background_jobs(mut self, n: u16) -> Self {
+        self.background_jobs = i32::from(n.max(1));
+        self
+    }
+
+    /// The budget this configuration draws on.
+    pub fn budget(&self) -> MemoryBudget {
+        self.memory
+            .clone()
+            .unwrap_or_else(MemoryBudget::process_default)
+    }
+
+    /// The RocksDB options this configuration stands for, for both column families (data and
+    /// metadata). Public so that benchmarks can run a bare `rocksdb::DB` with identical settings;
+    /// a store opened from them directly is not a kstate store.
+    pub fn to_rocksdb(&self) -> Options {
+        let budget = self.budget();
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&budget.cache);
+        table.set_block_size(self.block_size);
+        if self.bloom_bits_per_key > 0.0 {
+            table.set_bloom_filter(self.bloom_bits_per_key, false);
+        }
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        // Invariant 3 (DESIGN.md): data and metadata flush together, so that after a crash the
+        // recovered DB is a consistent prefix. RocksDB only promises prefix recovery for WAL-less
+        // writes across column families with atomic flush.
+        opts.set_atomic_flush(true);
+        opts.set_block_based_table_factory(&table);
+        opts.set_write_buffer_manager(&budget.write_buffers);
+        opts.set_write_buffer_size(self.write_buffer_size);
+        opts.set_max_write_buffer_number(self.max_write_buffers);
+        opts.set_max_background_jobs(self.background_jobs);
+        opts.set_level_compaction_dynamic_level_bytes(true);
+        opts.set_bytes_per_sync(1 << 20);
+        match self.compression {
+            Compression::None => opts.set_compression_type(DBCompressionType::None),
+            Compression::Lz4 => opts.set_compression_type(DBCompressionType::Lz4),
+            Compression::Lz4ThenZstd => {
+                opts.set_compression_type(DBCompressionType::Lz4);
+                opts.set_bottommost_compression_type(DBCompressionType::Zstd);
+            }
+        }
+        opts
+    }
+}

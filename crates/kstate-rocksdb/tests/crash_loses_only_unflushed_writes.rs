@@ -1,0 +1,91 @@
+//! With the WAL off, a crash keeps exactly what was flushed.
+//!
+//! The test re-runs its own binary as a child (selected by an environment variable), which writes
+//! rows, flushes, writes more rows, reports that it is done and waits. The parent kills it with
+//! SIGKILL, reopens the store, and finds exactly the flushed rows: the unflushed ones were only in
+//! the memtable, and there was no WAL to replay them from. The changelog (kstate-kafka) is what
+//! brings such writes back; this test pins down the engine behaviour it relies on.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use kstate_core::KeyValueStore;
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+
+const CHILD_ENV: &str = "KSTATE_CRASH_CHILD_DIR";
+const FLUSHED: u32 = 5_000;
+const UNFLUSHED: u32 = 3_000;
+
+fn key(i: u32) -> [u8; 4] {
+    i.to_be_bytes()
+}
+
+/// The child's part: only does anything when run by the parent below.
+#[test]
+fn crash_child_writes_then_waits() {
+    let Ok(dir) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let store = RocksDbStore::open(&dir, &RocksDbOptions::default()).unwrap();
+    for i in 0..FLUSHED {
+        store.put(&key(i), b"flushed").unwrap();
+    }
+    store.flush().unwrap();
+    for i in FLUSHED..FLUSHED + UNFLUSHED {
+        store.put(&key(i), b"unflushed").unwrap();
+    }
+    // Overwrite some flushed rows too: the crash must bring back their flushed values.
+    for i in 0..100 {
+        store.put(&key(i), b"overwritten-unflushed").unwrap();
+    }
+    println!("KSTATE-CHILD-READY");
+    std::thread::sleep(std::time::Duration::from_secs(300));
+    panic!("the parent should have killed this process");
+}
+
+#[test]
+fn sigkill_after_flush_keeps_exactly_the_flushed_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "crash_child_writes_then_waits",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let ready = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("KSTATE-CHILD-READY"));
+    assert!(
+        ready,
+        "the child exited before writing; see its output above"
+    );
+    child.kill().unwrap(); // SIGKILL on Unix: no destructor, no RocksDB shutdown flush
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the child must have been killed, not exited: {status:?}"
+    );
+
+    let store = RocksDbStore::open(dir.path(), &RocksDbOptions::default()).unwrap();
+    let rows: Vec<_> = store.all().unwrap().collect::<Result<_, _>>().unwrap();
+    assert_eq!(
+        rows.len(),
+        FLUSHED as usize,
+        "exactly the flushed rows survive"
+    );
+    for (i, (k, v)) in rows.iter().enumerate() {
+        assert_eq!(k.as_slice(), key(i as u32));
+        assert_eq!(
+            v.as_slice(),
+            b"flushed",
+            "row {i} must hold its flushed value"
+        );
+    }
+}

@@ -1,0 +1,2 @@
+pub use kstate_core;
+pub use kstate_rocksdb;
