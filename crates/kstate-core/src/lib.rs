@@ -39,4 +39,4 @@ pub use error::{BoxError, Error, HexBytes, Result};
 pub use memory::MemoryStore;
 pub use range::{KeyRange, Order, prefix_end};
 pub use store::{Batch, Entry, EntryIter, KeyValueStore, Mutation};
-pub use typed::{Store, TypedIter};
+pub use typed::{Store, TypedIter, entry_check};

@@ -219,6 +219,23 @@ where
     }
 }
 
+/// A check that bytes decode as a `(K, V)` entry with `codec`: give it to a layer that receives
+/// bytes from outside (a changelog restore) so that a record the typed layer could not read is
+/// reported where it comes from, not on a later `get`.
+pub fn entry_check<K, V, C>(
+    codec: C,
+) -> impl Fn(&[u8], &[u8]) -> Result<(), crate::BoxError> + Send + Sync + 'static
+where
+    K: OrderedKey + 'static,
+    C: Codec<V> + 'static,
+    V: 'static,
+{
+    move |key, value| {
+        K::decode_key(key)?;
+        codec.decode(value).map(drop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

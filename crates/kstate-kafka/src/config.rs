@@ -1,0 +1,139 @@
+//! [`ChangelogConfig`]: where a store's changelog lives and how it is written and read.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::durability::Durability;
+
+/// How a [`LoggedStore`](crate::LoggedStore) talks to its changelog. Built with
+/// [`ChangelogConfig::new`] and the setters; every setter has a documented default.
+#[derive(Debug, Clone)]
+pub struct ChangelogConfig {
+    pub(crate) bootstrap_servers: String,
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    pub(crate) partitions: i32,
+    pub(crate) replication_factor: i32,
+    pub(crate) min_insync_replicas: Option<i32>,
+    pub(crate) durability: Durability,
+    pub(crate) overlay_max_bytes: usize,
+    pub(crate) overlay_max_records: usize,
+    pub(crate) open_timeout: Duration,
+    pub(crate) delivery_timeout: Duration,
+    pub(crate) linger: Duration,
+    pub(crate) restore_batch_records: usize,
+    pub(crate) client_overrides: BTreeMap<String, String>,
+}
+
+impl ChangelogConfig {
+    /// The changelog of one store: `partition` of `topic` on the brokers at `bootstrap_servers`.
+    pub fn new(
+        bootstrap_servers: impl Into<String>,
+        topic: impl Into<String>,
+        partition: i32,
+    ) -> Self {
+        ChangelogConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            topic: topic.into(),
+            partition,
+            partitions: partition.max(0) + 1,
+            replication_factor: 1,
+            min_insync_replicas: None,
+            durability: Durability::default(),
+            overlay_max_bytes: 64 << 20,
+            overlay_max_records: 100_000,
+            open_timeout: Duration::from_secs(30),
+            delivery_timeout: Duration::from_secs(60),
+            linger: Duration::from_millis(5),
+            restore_batch_records: 10_000,
+            client_overrides: BTreeMap::new(),
+        }
+    }
+
+    /// The topic's partition count when this store creates it, and the count it must have when
+    /// it exists (default: `partition + 1`). A mismatch is an error, never a write to what may be
+    /// the wrong partition.
+    pub fn partitions(mut self, n: i32) -> Self {
+        self.partitions = n;
+        self
+    }
+
+    /// Replication factor when creating the topic (default 1; use 3 in production).
+    pub fn replication_factor(mut self, n: i32) -> Self {
+        self.replication_factor = n;
+        self
+    }
+
+    /// `min.insync.replicas` when creating the topic (default: the broker's).
+    pub fn min_insync_replicas(mut self, n: i32) -> Self {
+        self.min_insync_replicas = Some(n);
+        self
+    }
+
+    /// The durability mode at open (default `group:10ms`).
+    pub fn durability(mut self, mode: Durability) -> Self {
+        self.durability = mode;
+        self
+    }
+
+    /// Bounds of the uncommitted overlay; reaching either commits early (defaults 64 MiB and
+    /// 100,000 records).
+    pub fn overlay_bounds(mut self, max_bytes: usize, max_records: usize) -> Self {
+        self.overlay_max_bytes = max_bytes.max(1);
+        self.overlay_max_records = max_records.max(1);
+        self
+    }
+
+    /// How long opening may wait for the broker (default 30 s). An unreachable broker is an
+    /// error after this long, not a hang.
+    pub fn open_timeout(mut self, timeout: Duration) -> Self {
+        self.open_timeout = timeout;
+        self
+    }
+
+    /// How long the producer keeps retrying a record before the send fails and the store is
+    /// poisoned (`message.timeout.ms`, default 60 s).
+    pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
+        self.delivery_timeout = timeout;
+        self
+    }
+
+    /// How long the producer waits to fill a batch (`linger.ms`, default 5 ms).
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
+    /// Records per RocksDB write batch during restore (default 10,000).
+    pub fn restore_batch_records(mut self, n: usize) -> Self {
+        self.restore_batch_records = n.max(1);
+        self
+    }
+
+    /// Sets any librdkafka property on the producer, consumer and admin clients (security
+    /// settings, for example). The properties the changelog depends on (`acks`,
+    /// `enable.idempotence`, `isolation.level`) cannot be overridden.
+    pub fn client_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.client_overrides.insert(key.into(), value.into());
+        self
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The partition.
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    pub(crate) fn client_config(&self) -> rdkafka::ClientConfig {
+        let mut config = rdkafka::ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap_servers);
+        for (k, v) in &self.client_overrides {
+            config.set(k, v);
+        }
+        config
+    }
+}

@@ -1,0 +1,28 @@
+//! kstate-kafka: the changelog. Every mutation of a store is mirrored to a Kafka topic partition,
+//! and a store that opens replays what it lacks, so a task that crashed comes back with exactly
+//! the state it acknowledged.
+//!
+//! - [`LoggedStore`]: a RocksDB store plus its changelog; the commit protocol keeps RocksDB a
+//!   prefix of the changelog and stores the matching offset inside RocksDB.
+//! - [`Durability`]: `async`, `group:<dur>`, `sync`, switchable at runtime.
+//! - restore on open, with a [`RestoreListener`], `tracing` spans and `metrics`.
+//! - topic management: the changelog topic is created compacted, and checked on every open.
+
+#![deny(unsafe_code)]
+
+mod config;
+mod durability;
+mod error;
+mod logged_store;
+mod overlay;
+mod position;
+mod producer;
+mod restore;
+mod topic;
+
+pub use config::ChangelogConfig;
+pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
+pub use error::ChangelogError;
+pub use logged_store::{LoggedStore, OpenHooks};
+pub use position::{ChangelogPosition, FORMAT_VERSION};
+pub use restore::{BatchRestored, RecordCheck, RestoreListener, RestoreReport, RestoreStart};

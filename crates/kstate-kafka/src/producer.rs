@@ -1,0 +1,247 @@
+//! The changelog producer and its acknowledgement tracking: the one producer setup.
+//!
+//! Every record gets a sequence number (1, 2, ...) in send order, passed to librdkafka as the
+//! delivery opaque. With `enable.idempotence=true` and one partition, the broker acknowledges in
+//! send order, so "records up to sequence `n` are acknowledged" is one counter, and the commit
+//! protocol can ask for the exact offset of the last record of its snapshot. A failed delivery
+//! poisons the store: once one record is lost, later ones must not be applied over it.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+
+use crate::config::ChangelogConfig;
+use crate::error::ChangelogError;
+
+/// What the broker has acknowledged so far.
+#[derive(Debug, Default)]
+struct Acks {
+    /// Every record with a sequence number up to this one is acknowledged.
+    acked_seq: u64,
+    /// The offset of record `acked_seq`.
+    last_offset: Option<i64>,
+    /// A commit waiting for the offset of this sequence number.
+    watch: Option<u64>,
+    watched_offset: Option<i64>,
+    /// Why the changelog can no longer be trusted, once it cannot.
+    poisoned: Option<String>,
+}
+
+/// Shared between the producer's delivery callback and the store.
+#[derive(Debug, Default)]
+pub(crate) struct AckTracker {
+    acks: Mutex<Acks>,
+    changed: Condvar,
+}
+
+impl AckTracker {
+    fn lock(&self) -> MutexGuard<'_, Acks> {
+        self.acks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn poison(&self, reason: String) {
+        let mut acks = self.lock();
+        if acks.poisoned.is_none() {
+            tracing::error!(%reason, "changelog poisoned");
+            acks.poisoned = Some(reason);
+        }
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn poisoned(&self) -> Option<String> {
+        self.lock().poisoned.clone()
+    }
+
+    /// Waits until every record up to `seq` is acknowledged.
+    pub(crate) fn wait_for(&self, seq: u64, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let mut acks = self.lock();
+        loop {
+            if let Some(reason) = &acks.poisoned {
+                return Err(reason.clone());
+            }
+            if acks.acked_seq >= seq {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("record {seq} not acknowledged within {timeout:?}"));
+            }
+            acks = self
+                .changed
+                .wait_timeout(acks, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// The offset of record `seq`, waiting for its acknowledgement. Must be called before any
+    /// record after `seq` is sent (the store calls it with its state lock held while
+    /// registering), then waited on with [`AckTracker::wait_for_watched`].
+    pub(crate) fn watch(&self, seq: u64) -> Option<i64> {
+        let mut acks = self.lock();
+        if acks.acked_seq == seq {
+            return acks.last_offset;
+        }
+        acks.watch = Some(seq);
+        acks.watched_offset = None;
+        None
+    }
+
+    pub(crate) fn wait_for_watched(&self, timeout: Duration) -> Result<i64, String> {
+        let deadline = Instant::now() + timeout;
+        let mut acks = self.lock();
+        loop {
+            if let Some(reason) = &acks.poisoned {
+                return Err(reason.clone());
+            }
+            if let Some(offset) = acks.watched_offset {
+                acks.watch = None;
+                return Ok(offset);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "commit's last record not acknowledged within {timeout:?}"
+                ));
+            }
+            acks = self
+                .changed
+                .wait_timeout(acks, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    fn delivered(&self, seq: u64, offset: i64) {
+        let mut acks = self.lock();
+        if seq != acks.acked_seq + 1 && acks.poisoned.is_none() {
+            // The idempotent producer acknowledges in order; anything else breaks the offset
+            // bookkeeping, so refuse to go on rather than store a wrong position.
+            let reason = format!(
+                "acknowledgement for record {seq} arrived after record {}",
+                acks.acked_seq
+            );
+            tracing::error!(%reason, "changelog poisoned");
+            acks.poisoned = Some(reason);
+        }
+        acks.acked_seq = acks.acked_seq.max(seq);
+        acks.last_offset = Some(offset);
+        if acks.watch == Some(seq) {
+            acks.watched_offset = Some(offset);
+        }
+        metrics::gauge!("kstate_changelog_acked_offset").set(offset as f64);
+        self.changed.notify_all();
+    }
+}
+
+/// The producer's context: routes delivery reports to the tracker.
+pub(crate) struct DeliveryContext {
+    tracker: Arc<AckTracker>,
+    where_: String,
+}
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+        match result {
+            Ok(message) => self.tracker.delivered(seq as u64, message.offset()),
+            Err((error, _)) => self.tracker.poison(format!(
+                "changelog {}: record {seq} was not delivered: {error}",
+                self.where_
+            )),
+        }
+    }
+}
+
+/// The changelog producer of one store.
+pub(crate) struct ChangelogProducer {
+    producer: ThreadedProducer<DeliveryContext>,
+    pub(crate) tracker: Arc<AckTracker>,
+    topic: String,
+    partition: i32,
+}
+
+impl ChangelogProducer {
+    pub(crate) fn new(config: &ChangelogConfig) -> Result<Self, ChangelogError> {
+        let tracker = Arc::new(AckTracker::default());
+        let context = DeliveryContext {
+            tracker: tracker.clone(),
+            where_: format!("{}/{}", config.topic, config.partition),
+        };
+        let mut client = config.client_config();
+        client
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("max.in.flight.requests.per.connection", "5")
+            .set(
+                "message.timeout.ms",
+                config.delivery_timeout.as_millis().to_string(),
+            )
+            .set("linger.ms", config.linger.as_millis().to_string())
+            .set("compression.type", "lz4");
+        let producer =
+            client
+                .create_with_context(context)
+                .map_err(|source| ChangelogError::Kafka {
+                    topic: config.topic.clone(),
+                    partition: config.partition,
+                    operation: "create producer",
+                    source,
+                })?;
+        Ok(ChangelogProducer {
+            producer,
+            tracker,
+            topic: config.topic.clone(),
+            partition: config.partition,
+        })
+    }
+
+    /// Queues one record (a tombstone when `value` is `None`) with sequence number `seq`. Waits
+    /// while librdkafka's queue is full; any other failure poisons.
+    pub(crate) fn send(&self, seq: u64, key: &[u8], value: Option<&[u8]>) -> Result<(), String> {
+        let mut record = BaseRecord::with_opaque_to(&self.topic, seq as usize)
+            .partition(self.partition)
+            .key(key);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    // The producer's own thread drains the queue; give it a moment.
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err((error, _)) => {
+                    let reason = format!(
+                        "changelog {}/{}: send failed: {error}",
+                        self.topic, self.partition
+                    );
+                    self.tracker.poison(reason.clone());
+                    return Err(reason);
+                }
+            }
+        }
+    }
+
+    /// Sends everything queued now, ignoring `linger.ms`, and waits for it (used by `sync`
+    /// mode, where waiting out the linger would be pure latency; concurrent callers share the
+    /// round trip).
+    pub(crate) fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.producer.flush(timeout)
+    }
+
+    /// Records queued or in flight.
+    pub(crate) fn in_flight(&self) -> i32 {
+        self.producer.in_flight_count()
+    }
+}

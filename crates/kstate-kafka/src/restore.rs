@@ -1,0 +1,317 @@
+//! Restore: replay the changelog into a fresh or stale RocksDB when a store opens.
+//!
+//! 1. Open RocksDB and read the stored [`ChangelogPosition`].
+//! 2. Ask the broker for the partition's low and high watermarks; the end is the high watermark
+//!    captured now (writes made after this point are not waited for).
+//! 3. Start at the stored offset + 1. The stored position cannot be trusted, and the store is
+//!    wiped and rebuilt from the low watermark with a warning, when: it names another topic or
+//!    partition; the next offset is below the low watermark (the log was truncated past it, e.g.
+//!    by `deleteRecords`); or the stored offset is at or beyond the high watermark (the topic was
+//!    deleted and recreated). A store that has data but no position is rebuilt too.
+//! 4. Replay with `isolation.level=read_committed` (records of aborted transactions never appear)
+//!    into `WriteBatch`es of [`restore_batch_records`](crate::ChangelogConfig::restore_batch_records)
+//!    records, each written atomically with its last offset. Done when the consumer's *position*
+//!    reaches the end: offsets held by transaction markers or compacted away never hold it up.
+//! 5. Report to the [`RestoreListener`], through `tracing` spans and `metrics`.
+//!
+//! Departure from DESIGN.md step 5: no separate bulk-load path yet. Every restore uses the same
+//! batched path; see BENCHMARKS.md for its rate against a bare consumer.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kstate_core::{Batch, BoxError, KeyValueStore};
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use rdkafka::Offset;
+use rdkafka::TopicPartitionList;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+
+use crate::config::ChangelogConfig;
+use crate::error::ChangelogError;
+use crate::position::ChangelogPosition;
+
+/// Checks a replayed record before it is applied, e.g. that the typed layer can decode it.
+/// A rejected record fails the restore with an error naming topic, partition and offset.
+pub type RecordCheck = Arc<dyn Fn(&[u8], &[u8]) -> Result<(), BoxError> + Send + Sync>;
+
+/// Where and how far a restore goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreStart {
+    /// The changelog topic.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// The first offset read.
+    pub start_offset: i64,
+    /// The high watermark captured at the start: the restore ends there.
+    pub end_offset: i64,
+    /// Why the store was wiped and rebuilt from the beginning, if it was.
+    pub rebuild_reason: Option<String>,
+}
+
+/// One batch written to RocksDB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRestored {
+    /// The changelog topic.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// The offset of the batch's last record, stored with it.
+    pub last_offset: i64,
+    /// Records in this batch.
+    pub records: usize,
+    /// Records so far.
+    pub total_records: u64,
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Where it started and ended.
+    pub start: RestoreStart,
+    /// Records applied.
+    pub records: u64,
+    /// Batches written.
+    pub batches: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl RestoreReport {
+    /// Records per second.
+    pub fn records_per_sec(&self) -> f64 {
+        self.records as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Hears about restores. Every method has an empty default.
+pub trait RestoreListener: Send + Sync {
+    /// Before the first record.
+    fn on_restore_start(&self, _start: &RestoreStart) {}
+    /// After each batch is written.
+    fn on_batch_restored(&self, _batch: &BatchRestored) {}
+    /// After the last batch.
+    fn on_restore_end(&self, _report: &RestoreReport) {}
+}
+
+/// Opens the store at `path` and brings it up to the changelog's current end.
+pub(crate) fn restore(
+    path: &Path,
+    options: &RocksDbOptions,
+    config: &ChangelogConfig,
+    listener: Option<&dyn RestoreListener>,
+    check: Option<&RecordCheck>,
+) -> Result<(RocksDbStore, RestoreReport), ChangelogError> {
+    let (topic, partition) = (config.topic.as_str(), config.partition);
+    let span = tracing::info_span!("restore", topic, partition);
+    let _entered = span.enter();
+    let started = Instant::now();
+    let kafka = |operation, source| ChangelogError::Kafka {
+        topic: topic.to_string(),
+        partition,
+        operation,
+        source,
+    };
+
+    let mut store = RocksDbStore::open(path, options)?;
+    let position = ChangelogPosition::read(&store)?;
+
+    let consumer: BaseConsumer = config
+        .client_config()
+        .set("group.id", "kstate-restore")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.max.bytes", "67108864")
+        .set("max.partition.fetch.bytes", "16777216")
+        .set("queued.min.messages", "200000")
+        .create()
+        .map_err(|e| kafka("create restore consumer", e))?;
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, config.open_timeout)
+        .map_err(|source| ChangelogError::BrokerUnreachable {
+            bootstrap_servers: config.bootstrap_servers.clone(),
+            topic: topic.to_string(),
+            timeout: config.open_timeout,
+            source,
+        })?;
+
+    let rebuild_reason = match &position {
+        Some(p) if p.topic != topic || p.partition != partition => Some(format!(
+            "the store holds changelog {}/{}, not {topic}/{partition}",
+            p.topic, p.partition
+        )),
+        Some(p) if p.offset >= high => Some(format!(
+            "the stored offset {} is at or beyond the high watermark {high}: was the topic deleted and recreated?",
+            p.offset
+        )),
+        Some(p) if p.offset + 1 < low => Some(format!(
+            "the log starts at {low}, after the stored offset {} + 1: records were deleted before they were restored",
+            p.offset
+        )),
+        Some(_) => None,
+        None if store.all()?.next().is_some() => {
+            Some("the store has data but no changelog position".into())
+        }
+        None => None,
+    };
+    let start_offset = match (&position, &rebuild_reason) {
+        (Some(p), None) => p.offset + 1,
+        _ => low,
+    };
+    if let Some(reason) = &rebuild_reason {
+        tracing::warn!(%reason, path = %path.display(), "wiping the store and rebuilding it from the changelog");
+        drop(store);
+        std::fs::remove_dir_all(path).map_err(|source| ChangelogError::Wipe {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        store = RocksDbStore::open(path, options)?;
+    }
+    let start = RestoreStart {
+        topic: topic.to_string(),
+        partition,
+        start_offset,
+        end_offset: high,
+        rebuild_reason,
+    };
+    tracing::info!(start_offset, end_offset = high, low, "restore starting");
+    if let Some(l) = listener {
+        l.on_restore_start(&start);
+    }
+
+    let mut records = 0u64;
+    let mut batches = 0u64;
+    if start_offset < high {
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(topic, partition, Offset::Offset(start_offset))
+            .map_err(|e| kafka("assign", e))?;
+        consumer
+            .assign(&assignment)
+            .map_err(|e| kafka("assign", e))?;
+
+        let mut batch = Batch::with_capacity(config.restore_batch_records);
+        let mut last_offset = start_offset - 1;
+        let mut last_progress = Instant::now();
+        let mut write_batch = |batch: &mut Batch, last_offset: i64| -> Result<(), ChangelogError> {
+            if batch.is_empty() {
+                return Ok(());
+            }
+            let n = batch.len();
+            let full = std::mem::replace(batch, Batch::with_capacity(config.restore_batch_records));
+            let position = ChangelogPosition {
+                topic: topic.to_string(),
+                partition,
+                offset: last_offset,
+            }
+            .encode();
+            let meta: Vec<(&[u8], Option<&[u8]>)> = position
+                .iter()
+                .map(|(k, v)| (*k, Some(v.as_slice())))
+                .collect();
+            store.write_with_metadata(full, &meta)?;
+            records += n as u64;
+            batches += 1;
+            metrics::counter!("kstate_restore_records_total", "topic" => topic.to_string())
+                .increment(n as u64);
+            metrics::gauge!("kstate_restore_lag", "topic" => topic.to_string())
+                .set((high - 1 - last_offset) as f64);
+            if let Some(l) = listener {
+                l.on_batch_restored(&BatchRestored {
+                    topic: topic.to_string(),
+                    partition,
+                    last_offset,
+                    records: n,
+                    total_records: records,
+                });
+            }
+            Ok(())
+        };
+        loop {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(message)) => {
+                    last_progress = Instant::now();
+                    let offset = message.offset();
+                    let bad =
+                        |problem: String, source: Option<BoxError>| ChangelogError::BadRecord {
+                            topic: topic.to_string(),
+                            partition,
+                            offset,
+                            problem,
+                            source,
+                        };
+                    let key = message
+                        .key()
+                        .ok_or_else(|| bad("the record has no key".into(), None))?;
+                    let value = message.payload();
+                    if let (Some(check), Some(value)) = (check, value) {
+                        check(key, value)
+                            .map_err(|e| bad("the record does not decode".into(), Some(e)))?;
+                    }
+                    batch.push(key.to_vec(), value.map(<[u8]>::to_vec));
+                    last_offset = offset;
+                    if batch.len() >= config.restore_batch_records {
+                        write_batch(&mut batch, last_offset)?;
+                    }
+                    if offset + 1 >= high {
+                        break;
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                    // Markers and compacted-away offsets leave gaps: the position, not the last
+                    // record, says whether the end is reached.
+                    if position_reached(&consumer, topic, partition, high) {
+                        break;
+                    }
+                    if last_progress.elapsed() > config.open_timeout {
+                        return Err(kafka(
+                            "restore (no progress within the open timeout)",
+                            KafkaError::MessageConsumption(
+                                rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+                            ),
+                        ));
+                    }
+                }
+                Some(Err(e)) => return Err(kafka("restore read", e)),
+            }
+        }
+        write_batch(&mut batch, last_offset)?;
+    }
+    let report = RestoreReport {
+        start,
+        records,
+        batches,
+        elapsed: started.elapsed(),
+    };
+    tracing::info!(
+        records,
+        batches,
+        elapsed_ms = report.elapsed.as_millis() as u64,
+        "restore done"
+    );
+    metrics::histogram!("kstate_restore_seconds").record(report.elapsed.as_secs_f64());
+    metrics::gauge!("kstate_restore_rate", "topic" => topic.to_string())
+        .set(report.records_per_sec());
+    if let Some(l) = listener {
+        l.on_restore_end(&report);
+    }
+    Ok((store, report))
+}
+
+fn position_reached(consumer: &BaseConsumer, topic: &str, partition: i32, end: i64) -> bool {
+    let Ok(positions) = consumer.position() else {
+        return false;
+    };
+    positions
+        .find_partition(topic, partition)
+        .and_then(|p| match p.offset() {
+            Offset::Offset(o) => Some(o >= end),
+            _ => None,
+        })
+        .unwrap_or(false)
+}

@@ -1,0 +1,247 @@
+//! kstate-test-broker: the one way tests, examples and benches get a real Apache Kafka broker.
+//!
+//! Integration tests must talk to a real broker, never librdkafka's mock cluster (it is
+//! experimental and has no log compaction). [`broker`] finds one, in this order:
+//!
+//! 1. `KAFKA_BOOTSTRAP_SERVERS`, when set: used as it is (CI and `scripts/test` set it).
+//! 2. A Docker engine, when one answers: testcontainers runs `apache/kafka` (the version pinned in
+//!    `docker-compose.yml`) as one container named `kstate-test-kafka` on host port 39092, shared
+//!    by every test binary and reused across runs; `docker rm -f kstate-test-kafka` removes it.
+//! 3. Otherwise `scripts/kafka start`: the same broker from Maven Central jars on the local JDK.
+//!    It is shared by every test binary on the machine and stops itself after 15 idle minutes;
+//!    while this process lives, a thread keeps its lease fresh.
+//!
+//! When none works, [`broker`] returns [`BrokerError::Unavailable`] with every reason and the
+//! commands that fix it: a test that needs a broker fails, it never passes or skips.
+//!
+//! Every test uses its own topics: [`unique_topic`] names them.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use testcontainers::core::{ContainerPort, WaitFor};
+use testcontainers::runners::SyncRunner;
+use testcontainers::{Container, GenericImage, ImageExt, ReuseDirective};
+
+/// The Apache Kafka version of `docker-compose.yml` and `scripts/kafka`.
+pub const KAFKA_VERSION: &str = "4.1.1";
+
+/// The environment variable naming an existing broker.
+pub const BOOTSTRAP_ENV: &str = "KAFKA_BOOTSTRAP_SERVERS";
+
+const DOCKER_HOST_PORT: u16 = 39092;
+const DOCKER_CONTAINER: &str = "kstate-test-kafka";
+
+/// Where the broker came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerSource {
+    /// `KAFKA_BOOTSTRAP_SERVERS`.
+    Environment,
+    /// A testcontainers-managed `apache/kafka` container.
+    Docker,
+    /// `scripts/kafka` on the local JDK.
+    LocalLauncher,
+}
+
+/// A reachable broker.
+pub struct Broker {
+    bootstrap_servers: String,
+    source: BrokerSource,
+    _container: Option<Container<GenericImage>>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl Broker {
+    /// The `bootstrap.servers` value to give clients.
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.bootstrap_servers
+    }
+
+    /// Where the broker came from.
+    pub fn source(&self) -> BrokerSource {
+        self.source
+    }
+}
+
+/// Why no broker could be had.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerError {
+    /// Every way to get a broker failed.
+    #[error(
+        "no Kafka broker for the tests.\n  {BOOTSTRAP_ENV}: not set\n  Docker: {docker}\n  scripts/kafka: {launcher}\n\
+         Fix one of them: start a broker and `export {BOOTSTRAP_ENV}=host:port`; or start a Docker engine; \
+         or install Java 17+ and Maven (`apt-get install -y openjdk-17-jre-headless maven`) so that \
+         scripts/kafka can run the broker from its jars. `scripts/test` does the last for you."
+    )]
+    Unavailable {
+        /// Why Docker did not give one.
+        docker: String,
+        /// Why the local launcher did not give one.
+        launcher: String,
+    },
+}
+
+/// The process-wide broker, found (and if need be started) on first use.
+pub fn broker() -> Result<&'static Broker, BrokerError> {
+    static BROKER: OnceLock<Result<Broker, BrokerError>> = OnceLock::new();
+    BROKER
+        .get_or_init(find_broker)
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The bootstrap servers of [`broker`].
+pub fn bootstrap_servers() -> Result<String, BrokerError> {
+    Ok(broker()?.bootstrap_servers().to_string())
+}
+
+/// A topic name no other test, process or run uses: `kstate-<prefix>-<pid>-<time>-<n>`.
+pub fn unique_topic(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "kstate-{prefix}-{}-{nanos:x}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn find_broker() -> Result<Broker, BrokerError> {
+    if let Ok(servers) = std::env::var(BOOTSTRAP_ENV)
+        && !servers.trim().is_empty()
+    {
+        return Ok(Broker {
+            bootstrap_servers: servers.trim().to_string(),
+            source: BrokerSource::Environment,
+            _container: None,
+        });
+    }
+    let docker = match docker_broker() {
+        Ok(broker) => return Ok(broker),
+        Err(reason) => reason,
+    };
+    tracing::info!(%docker, "no Docker engine for Kafka; using scripts/kafka");
+    let launcher = match launcher_broker() {
+        Ok(broker) => return Ok(broker),
+        Err(reason) => reason,
+    };
+    Err(BrokerError::Unavailable { docker, launcher })
+}
+
+fn docker_engine_present() -> bool {
+    std::env::var_os("DOCKER_HOST").is_some()
+        || ["/var/run/docker.sock", "/run/docker.sock"]
+            .iter()
+            .any(|p| std::path::Path::new(p).exists())
+}
+
+fn docker_broker() -> Result<Broker, String> {
+    if !docker_engine_present() {
+        return Err("no engine (DOCKER_HOST unset, no /var/run/docker.sock)".into());
+    }
+    let listeners = format!("PLAINTEXT://127.0.0.1:{DOCKER_HOST_PORT}");
+    let container = GenericImage::new("apache/kafka", KAFKA_VERSION)
+        .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"))
+        .with_mapped_port(DOCKER_HOST_PORT, ContainerPort::Tcp(9092))
+        .with_container_name(DOCKER_CONTAINER)
+        .with_reuse(ReuseDirective::Always)
+        .with_startup_timeout(Duration::from_secs(180))
+        // The settings of docker-compose.yml; the listener advertises the host port.
+        .with_env_var("KAFKA_NODE_ID", "1")
+        .with_env_var("KAFKA_PROCESS_ROLES", "broker,controller")
+        .with_env_var(
+            "KAFKA_LISTENERS",
+            "PLAINTEXT://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093",
+        )
+        .with_env_var("KAFKA_ADVERTISED_LISTENERS", listeners)
+        .with_env_var(
+            "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+            "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        )
+        .with_env_var("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER")
+        .with_env_var("KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093")
+        .with_env_var("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+        .with_env_var("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1")
+        .with_env_var("KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS", "1")
+        .with_env_var("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+        .with_env_var("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+        .with_env_var("KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS", "1")
+        .with_env_var(
+            "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR",
+            "1",
+        )
+        .with_env_var("KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR", "1")
+        .with_env_var("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
+        .with_env_var("KAFKA_LOG_CLEANER_BACKOFF_MS", "1000")
+        .with_env_var("KAFKA_LOG_CLEANER_DEDUPE_BUFFER_SIZE", "33554432")
+        .with_env_var("KAFKA_HEAP_OPTS", "-Xmx512m -Xms512m")
+        .start()
+        .map_err(|e| format!("testcontainers could not start apache/kafka:{KAFKA_VERSION}: {e}"))?;
+    Ok(Broker {
+        bootstrap_servers: format!("127.0.0.1:{DOCKER_HOST_PORT}"),
+        source: BrokerSource::Docker,
+        _container: Some(container),
+    })
+}
+
+/// `scripts/kafka` in this checkout.
+pub fn launcher_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka")
+}
+
+fn launcher_broker() -> Result<Broker, String> {
+    let script = launcher_script();
+    let output = Command::new(&script)
+        .arg("start")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let address = stdout.lines().last().unwrap_or_default().trim().to_string();
+    if !output.status.success() || address.is_empty() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+        return Err(format!(
+            "{} start failed ({}):\n{}",
+            script.display(),
+            output.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ));
+    }
+    keep_lease_fresh(script);
+    Ok(Broker {
+        bootstrap_servers: address,
+        source: BrokerSource::LocalLauncher,
+        _container: None,
+    })
+}
+
+/// The launcher stops an idle broker; while this process lives, it is not idle.
+fn keep_lease_fresh(script: PathBuf) {
+    let spawned = std::thread::Builder::new()
+        .name("kafka-lease".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_secs(60));
+                if let Err(e) = Command::new(&script).arg("touch").output() {
+                    tracing::warn!(error = %e, "could not refresh the broker lease");
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "could not start the broker lease thread");
+    }
+}

@@ -1,0 +1,476 @@
+//! rows_per_second: how many rows per second each store configuration takes, in the form of the
+//! SAMZA-543 listing (`100000 rows in 649 ms`, cumulative), followed by a summary line per
+//! configuration.
+//!
+//! ```text
+//! cargo run --release --example rows_per_second -- [--rows N] [--value-size BYTES] [--batch N]
+//!     [--configs a,b,...] [--dir PATH] [--seed N]
+//! ```
+//!
+//! Configurations (one list, one write loop; later work adds the changelog configurations):
+//! - `rocksdb-wal`: a bare `rocksdb::DB` with the store's options but the WAL **on**. The only
+//!   place in the project where a WAL is ever written: it is the baseline SAMZA-543 measured
+//!   against.
+//! - `rocksdb-bare-nowal`: the same bare DB with the WAL off, to measure what the store adds.
+//! - `rocksdb-nowal`: `kstate_rocksdb::RocksDbStore`, the store itself.
+//! - `logged-async`, `logged-group`, `logged-sync`: `kstate_kafka::LoggedStore` (the store plus
+//!   its Kafka changelog) in each durability mode. `async` commits when the overlay bound is
+//!   reached and at the end; `group` commits every 10 ms; `sync` waits for the broker's
+//!   acknowledgement of every put, so it writes at most 50,000 rows (`--sync-rows`).
+//!
+//! After the logged configurations, the `logged-group` changelog is restored into an empty
+//! directory (`restored <n> records in <t> ms (<r> records/s)`), and a bare rdkafka consumer reads
+//! the same partition for comparison. The changelog configurations need a broker:
+//! `KAFKA_BOOTSTRAP_SERVERS`, which `scripts/rows-per-second` sets up; without one the example
+//! runs the store-only configurations and says how to get the rest.
+//!
+//! Keys are the numbers `0..rows` as 8-byte big-endian integers in a shuffled order (seeded, so
+//! every configuration writes the same sequence); values are `--value-size` pseudo-random bytes.
+//! The clock covers the write calls only; the flush after them is reported on its own line.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use hdrhistogram::Histogram;
+use kstate::kstate_core::{Batch, KeyValueStore};
+use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
+use kstate::kstate_rocksdb::rocksdb::{self, ColumnFamilyDescriptor, DB, WriteOptions};
+use kstate::kstate_rocksdb::{METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{RngCore, SeedableRng};
+
+const PROGRESS_EVERY: u64 = 100_000;
+
+/// The command line.
+#[derive(Debug, Clone)]
+struct Args {
+    rows: u64,
+    value_size: usize,
+    batch: usize,
+    configs: Vec<String>,
+    dir: Option<PathBuf>,
+    seed: u64,
+    sync_rows: u64,
+}
+
+const USAGE: &str = "usage: rows_per_second [--rows N] [--value-size BYTES] [--batch N] \
+[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N]";
+
+impl Args {
+    fn parse() -> Result<Args> {
+        let mut args = Args {
+            rows: 1_000_000,
+            value_size: 100,
+            batch: 1,
+            configs: CONFIGS.iter().map(|c| c.name.to_string()).collect(),
+            dir: None,
+            seed: 543,
+            sync_rows: 50_000,
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(flag) = it.next() {
+            if flag == "--help" || flag == "-h" {
+                println!("{USAGE}\nconfigurations: {}", names());
+                std::process::exit(0);
+            }
+            let value = it
+                .next()
+                .with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
+            let number = |v: &str| -> Result<u64> {
+                v.replace('_', "")
+                    .parse()
+                    .with_context(|| format!("{flag}: '{v}' is not a whole number"))
+            };
+            match flag.as_str() {
+                "--rows" => args.rows = number(&value)?,
+                "--value-size" => args.value_size = usize::try_from(number(&value)?)?,
+                "--batch" => args.batch = usize::try_from(number(&value)?)?.max(1),
+                "--seed" => args.seed = number(&value)?,
+                "--sync-rows" => args.sync_rows = number(&value)?,
+                "--dir" => args.dir = Some(PathBuf::from(value)),
+                "--configs" => {
+                    args.configs = value.split(',').map(str::to_string).collect();
+                    if let Some(bad) = args.configs.iter().find(|c| config(c).is_none()) {
+                        bail!("unknown configuration '{bad}'; known: {}", names());
+                    }
+                }
+                _ => bail!("unknown flag {flag}\n{USAGE}"),
+            }
+        }
+        Ok(args)
+    }
+}
+
+/// Where rows go: a store, or a bare RocksDB for the baselines.
+trait RowSink {
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()>;
+    fn put_batch(&mut self, rows: &[(Vec<u8>, Vec<u8>)]) -> Result<()>;
+    /// Makes the rows durable in the engine (flush memtables).
+    fn finish(&mut self) -> Result<()>;
+}
+
+/// Any kstate store.
+struct StoreSink<S: KeyValueStore>(S);
+
+impl<S: KeyValueStore> RowSink for StoreSink<S> {
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        Ok(self.0.put(key, value)?)
+    }
+    fn put_batch(&mut self, rows: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut batch = Batch::with_capacity(rows.len());
+        for (k, v) in rows {
+            batch.put(k.as_slice(), v.as_slice());
+        }
+        Ok(self.0.write(batch)?)
+    }
+    fn finish(&mut self) -> Result<()> {
+        Ok(self.0.close()?)
+    }
+}
+
+/// A bare `rocksdb::DB` opened with exactly the store's options and column families.
+struct BareRocks {
+    db: DB,
+    write_opts: WriteOptions,
+}
+
+impl BareRocks {
+    fn open(path: &Path, options: &RocksDbOptions, wal: bool) -> Result<Self> {
+        let opts = options.to_rocksdb();
+        let families = [
+            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
+            ColumnFamilyDescriptor::new(METADATA_CF, opts.clone()),
+        ];
+        let db = DB::open_cf_descriptors(&opts, path, families)?;
+        let mut write_opts = WriteOptions::default();
+        // The baseline: the WAL on, as RocksDB ships. Not synced, like Samza's baseline.
+        write_opts.disable_wal(!wal);
+        Ok(BareRocks { db, write_opts })
+    }
+}
+
+impl RowSink for BareRocks {
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        Ok(self.db.put_opt(key, value, &self.write_opts)?)
+    }
+    fn put_batch(&mut self, rows: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut wb = rocksdb::WriteBatch::default();
+        for (k, v) in rows {
+            wb.put(k, v);
+        }
+        Ok(self.db.write_opt(wb, &self.write_opts)?)
+    }
+    fn finish(&mut self) -> Result<()> {
+        Ok(self.db.flush()?)
+    }
+}
+
+/// What configurations share within one run.
+struct RunContext {
+    /// The broker, when there is one.
+    bootstrap: Option<String>,
+    /// Makes this run's changelog topics unique.
+    run_id: String,
+}
+
+impl RunContext {
+    fn topic(&self, config: &str) -> String {
+        format!("kstate-rows-per-second-{}-{config}", self.run_id)
+    }
+
+    fn logged(
+        &self,
+        dir: &Path,
+        opts: &RocksDbOptions,
+        name: &str,
+        mode: Durability,
+    ) -> Result<Box<dyn RowSink>> {
+        let servers = self.bootstrap.as_deref().context("no broker")?;
+        let config = ChangelogConfig::new(servers, self.topic(name), 0).durability(mode);
+        Ok(Box::new(StoreSink(LoggedStore::open(dir, opts, config)?)))
+    }
+}
+
+/// One configuration: a name and how to open its sink in a fresh directory.
+struct Config {
+    name: &'static str,
+    needs_broker: bool,
+    open: fn(&Path, &RocksDbOptions, &RunContext) -> Result<Box<dyn RowSink>>,
+}
+
+const CONFIGS: &[Config] = &[
+    Config {
+        name: "rocksdb-wal",
+        needs_broker: false,
+        open: |dir, opts, _| Ok(Box::new(BareRocks::open(dir, opts, true)?)),
+    },
+    Config {
+        name: "rocksdb-bare-nowal",
+        needs_broker: false,
+        open: |dir, opts, _| Ok(Box::new(BareRocks::open(dir, opts, false)?)),
+    },
+    Config {
+        name: "rocksdb-nowal",
+        needs_broker: false,
+        open: |dir, opts, _| Ok(Box::new(StoreSink(RocksDbStore::open(dir, opts)?))),
+    },
+    Config {
+        name: "logged-async",
+        needs_broker: true,
+        open: |dir, opts, cx| cx.logged(dir, opts, "logged-async", Durability::Async),
+    },
+    Config {
+        name: "logged-group",
+        needs_broker: true,
+        open: |dir, opts, cx| {
+            cx.logged(
+                dir,
+                opts,
+                "logged-group",
+                Durability::Group(Duration::from_millis(10)),
+            )
+        },
+    },
+    Config {
+        name: "logged-sync",
+        needs_broker: true,
+        open: |dir, opts, cx| cx.logged(dir, opts, "logged-sync", Durability::Sync),
+    },
+];
+
+/// The configuration whose changelog the restore measurement replays.
+const RESTORED_CONFIG: &str = "logged-group";
+
+fn config(name: &str) -> Option<&'static Config> {
+    CONFIGS.iter().find(|c| c.name == name)
+}
+
+fn names() -> String {
+    CONFIGS
+        .iter()
+        .map(|c| c.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The rows every configuration writes, in the same shuffled order.
+struct Workload {
+    order: Vec<u64>,
+    value_pool: Vec<u8>,
+    value_size: usize,
+}
+
+impl Workload {
+    fn new(args: &Args) -> Self {
+        let mut rng = StdRng::seed_from_u64(args.seed);
+        let mut order: Vec<u64> = (0..args.rows).collect();
+        order.shuffle(&mut rng);
+        let mut value_pool = vec![0u8; args.value_size + 4096];
+        rng.fill_bytes(&mut value_pool);
+        Workload {
+            order,
+            value_pool,
+            value_size: args.value_size,
+        }
+    }
+
+    fn row(&self, i: usize) -> ([u8; 8], &[u8]) {
+        let offset = (i * 61) % 4096;
+        (
+            self.order[i].to_be_bytes(),
+            &self.value_pool[offset..offset + self.value_size],
+        )
+    }
+}
+
+struct Outcome {
+    elapsed: Duration,
+    finish: Duration,
+    latency_ns: Histogram<u64>,
+}
+
+fn run(
+    sink: &mut dyn RowSink,
+    work: &Workload,
+    rows: usize,
+    batch: usize,
+    name: &str,
+) -> Result<Outcome> {
+    let mut latency_ns = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let start = Instant::now();
+    let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(batch);
+    let mut next_report = PROGRESS_EVERY;
+    for i in 0..rows {
+        let (key, value) = work.row(i);
+        let call = Instant::now();
+        if batch == 1 {
+            sink.put(&key, value)?;
+        } else {
+            pending.push((key.to_vec(), value.to_vec()));
+            if pending.len() == batch || i + 1 == rows {
+                sink.put_batch(&pending)?;
+                pending.clear();
+            }
+        }
+        latency_ns.saturating_record(call.elapsed().as_nanos() as u64);
+        let done = i as u64 + 1;
+        if done == next_report {
+            println!("{done} rows in {} ms", start.elapsed().as_millis());
+            next_report += PROGRESS_EVERY;
+        }
+    }
+    let elapsed = start.elapsed();
+    let finish_start = Instant::now();
+    sink.finish().with_context(|| format!("{name}: flush"))?;
+    Ok(Outcome {
+        elapsed,
+        finish: finish_start.elapsed(),
+        latency_ns,
+    })
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse()?;
+    let work = Workload::new(&args);
+    let base = match &args.dir {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
+    println!(
+        "rows_per_second: rows={} value_size={} batch={} configs={}",
+        args.rows,
+        args.value_size,
+        args.batch,
+        args.configs.join(",")
+    );
+    let context = RunContext {
+        bootstrap: std::env::var("KAFKA_BOOTSTRAP_SERVERS")
+            .ok()
+            .filter(|s| !s.trim().is_empty()),
+        run_id: format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_secs()
+        ),
+    };
+    let mut summaries = Vec::new();
+    let mut skipped = Vec::new();
+    for name in &args.configs {
+        let config = config(name).context("configuration vanished")?;
+        if config.needs_broker && context.bootstrap.is_none() {
+            skipped.push(config.name);
+            continue;
+        }
+        let rows = if config.name == "logged-sync" {
+            args.rows.min(args.sync_rows)
+        } else {
+            args.rows
+        };
+        let dir = base.path().join(config.name);
+        // A fresh budget per configuration, so no run inherits another's warm cache.
+        let options =
+            RocksDbOptions::default().memory_budget(MemoryBudget::new(256 << 20, 128 << 20));
+        println!("config {}", config.name);
+        let mut sink = (config.open)(&dir, &options, &context)
+            .with_context(|| format!("{}: open {}", config.name, dir.display()))?;
+        let outcome = run(sink.as_mut(), &work, rows as usize, args.batch, config.name)?;
+        drop(sink);
+        std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+        let ms = outcome.elapsed.as_secs_f64() * 1e3;
+        let rows_per_sec = rows as f64 / outcome.elapsed.as_secs_f64();
+        let h = &outcome.latency_ns;
+        let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+        let summary = format!(
+            "summary config={} rows={} ms={:.0} rows_per_sec={:.0}",
+            config.name, rows, ms, rows_per_sec
+        );
+        println!("{summary}");
+        println!(
+            "latency config={} calls={} p50_us={:.1} p99_us={:.1} p999_us={:.1} max_us={:.1} flush_ms={:.0}",
+            config.name,
+            h.len(),
+            us(0.50),
+            us(0.99),
+            us(0.999),
+            h.max() as f64 / 1e3,
+            outcome.finish.as_secs_f64() * 1e3
+        );
+        summaries.push((config.name, rows_per_sec));
+    }
+    if let Some((_, baseline)) = summaries.iter().find(|(n, _)| *n == "rocksdb-wal") {
+        for (name, rate) in &summaries {
+            println!(
+                "ratio config={name} vs=rocksdb-wal x={:.2}",
+                rate / baseline
+            );
+        }
+    }
+    if args.configs.iter().any(|c| c == RESTORED_CONFIG) && context.bootstrap.is_some() {
+        measure_restore(&context, base.path())?;
+    }
+    if !skipped.is_empty() {
+        println!(
+            "skipped {} (they need a Kafka broker): set KAFKA_BOOTSTRAP_SERVERS, or run \
+             scripts/rows-per-second, which starts one",
+            skipped.join(",")
+        );
+    }
+    Ok(())
+}
+
+/// Restores the `logged-group` changelog into an empty directory, then reads the same partition
+/// with a bare consumer, so the two rates compare within one run.
+fn measure_restore(context: &RunContext, base: &Path) -> Result<()> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+
+    let servers = context.bootstrap.as_deref().context("no broker")?;
+    let topic = context.topic(RESTORED_CONFIG);
+    let dir = base.join("restore");
+    let options = RocksDbOptions::default().memory_budget(MemoryBudget::new(256 << 20, 128 << 20));
+    let store = LoggedStore::open(&dir, &options, ChangelogConfig::new(servers, &topic, 0))?;
+    let report = store.restore_report().clone();
+    store.close()?;
+    drop(store);
+    std::fs::remove_dir_all(&dir)?;
+    println!(
+        "restored {} records in {} ms ({:.0} records/s)",
+        report.records,
+        report.elapsed.as_millis(),
+        report.records_per_sec()
+    );
+
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .set("group.id", "kstate-rows-per-second-baseline")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.max.bytes", "67108864")
+        .set("max.partition.fetch.bytes", "16777216")
+        .set("queued.min.messages", "200000")
+        .create()?;
+    let (_, high) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(30))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+    let start = Instant::now();
+    let mut count = 0u64;
+    while let Some(message) = consumer.poll(Duration::from_secs(10)) {
+        let message = message?;
+        count += 1;
+        if message.offset() + 1 >= high {
+            break;
+        }
+    }
+    let rate = count as f64 / start.elapsed().as_secs_f64();
+    println!(
+        "bare consumer read {count} records in {} ms ({rate:.0} records/s); restore/consumer x={:.2}",
+        start.elapsed().as_millis(),
+        report.records_per_sec() / rate
+    );
+    Ok(())
+}

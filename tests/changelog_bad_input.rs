@@ -1,0 +1,226 @@
+//! Bad input gets a typed error that names what is wrong, and loses nothing.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kstate::kstate_core::{Bincode, Error, KeyValueStore, entry_check};
+use kstate::kstate_kafka::{ChangelogConfig, ChangelogError, Durability, LoggedStore, OpenHooks};
+use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use kstate_test_broker::{bootstrap_servers, launcher_script, unique_topic};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+async fn create_topic(topic: &str, partitions: i32, policy: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    let new =
+        NewTopic::new(topic, partitions, TopicReplication::Fixed(1)).set("cleanup.policy", policy);
+    for r in admin.create_topics(&[new], &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("create {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn an_unreachable_broker_is_an_error_within_the_open_timeout() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // Port 1 on loopback: nothing listens there.
+    let config = ChangelogConfig::new("127.0.0.1:1", unique_topic("unreachable"), 0)
+        .open_timeout(Duration::from_secs(3));
+    let started = Instant::now();
+    let err = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config).unwrap_err();
+    let waited = started.elapsed();
+    assert!(
+        matches!(err, ChangelogError::BrokerUnreachable { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+    // Not a timing benchmark: a guard against a hang (the timeout is 3 s).
+    assert!(waited < Duration::from_secs(30), "open waited {waited:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_with_another_partition_count_is_refused() -> Result<()> {
+    let topic = unique_topic("partitions");
+    create_topic(&topic, 3, "compact").await?;
+    let dir = tempfile::tempdir()?;
+    let err = LoggedStore::open(
+        dir.path(),
+        &RocksDbOptions::default(),
+        common::changelog(&topic)?.partitions(1),
+    )
+    .unwrap_err();
+    match &err {
+        ChangelogError::PartitionCountMismatch {
+            topic: t,
+            expected: 1,
+            actual: 3,
+        } if *t == topic => {}
+        other => bail!("expected a partition count mismatch, got {other:?}"),
+    }
+    assert!(err.to_string().contains(&topic));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_that_is_not_compacted_is_refused() -> Result<()> {
+    let topic = unique_topic("not-compacted");
+    create_topic(&topic, 1, "delete").await?;
+    let dir = tempfile::tempdir()?;
+    let err = LoggedStore::open(
+        dir.path(),
+        &RocksDbOptions::default(),
+        common::changelog(&topic)?,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ChangelogError::NotCompacted { ref actual, .. } if actual == "delete"),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn invalid_durability_text_keeps_the_current_mode() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = common::changelog(&unique_topic("mode"))?.durability(Durability::Async);
+    let store = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config)?;
+    for bad in ["asdfs", "group:", "group:-5ms", "sync extra"] {
+        let err = store.set_durability_text(bad).unwrap_err();
+        assert!(err.to_string().contains("accepted"), "{err}");
+        assert_eq!(store.durability(), Durability::Async, "after {bad:?}");
+    }
+    assert_eq!(
+        store.set_durability_text("group:20ms")?,
+        Durability::Group(Duration::from_millis(20))
+    );
+    assert_eq!(
+        store.durability(),
+        Durability::Group(Duration::from_millis(20))
+    );
+    store.put(b"still", b"works")?;
+    store.close()?;
+    Ok(())
+}
+
+#[test]
+fn an_undecodable_changelog_value_names_topic_partition_and_offset() -> Result<()> {
+    let topic = unique_topic("undecodable");
+    let dir = tempfile::tempdir()?;
+    let store = LoggedStore::open(
+        dir.path().join("a"),
+        &RocksDbOptions::default(),
+        common::changelog(&topic)?,
+    )?;
+    let typed: kstate::kstate_core::Store<u64, String, _> = kstate::kstate_core::Store::new(store);
+    typed.put(&1, &"fine".to_string())?;
+    typed.put(&2, &"fine too".to_string())?;
+    typed.close()?;
+    // Someone else writes a value that is no bincode String to the changelog: offset 2.
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    producer
+        .send(
+            BaseRecord::to(&topic)
+                .partition(0)
+                .key(&3u64.to_be_bytes()[..])
+                .payload(&[0xffu8, 0xff, 0xff, 0xff][..]),
+        )
+        .map_err(|(e, _)| e)?;
+    producer.flush(Duration::from_secs(20))?;
+
+    let hooks = OpenHooks {
+        listener: None,
+        record_check: Some(Arc::new(entry_check::<u64, String, _>(Bincode))),
+    };
+    let err = LoggedStore::open_with(
+        dir.path().join("b"),
+        &RocksDbOptions::default(),
+        common::changelog(&topic)?,
+        hooks,
+    )
+    .unwrap_err();
+    match &err {
+        ChangelogError::BadRecord {
+            topic: t,
+            partition: 0,
+            offset: 2,
+            ..
+        } if *t == topic => {}
+        other => bail!("expected a bad record at offset 2, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains(&topic) && text.contains("offset 2"), "{text}");
+    Ok(())
+}
+
+/// Needs a broker it can kill: starts a private one with the local launcher.
+#[test]
+fn a_failed_send_poisons_the_store_and_never_reaches_rocksdb() -> Result<()> {
+    let state = tempfile::tempdir()?;
+    let launcher = |command: &str| -> Result<String> {
+        let out = std::process::Command::new(launcher_script())
+            .arg(command)
+            .env("KSTATE_KAFKA_STATE_DIR", state.path())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "scripts/kafka {command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string())
+    };
+    let servers = launcher("start")?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("store");
+    let result = (|| -> Result<()> {
+        let config = ChangelogConfig::new(&servers, unique_topic("poison"), 0)
+            .durability(Durability::Sync)
+            .delivery_timeout(Duration::from_secs(3));
+        let store = LoggedStore::open(&path, &RocksDbOptions::default(), config)?;
+        store.put(b"acknowledged", b"1")?;
+        store.commit()?;
+        let pid = std::fs::read_to_string(state.path().join("broker.pid"))?;
+        anyhow::ensure!(
+            std::process::Command::new("kill")
+                .args(["-KILL", pid.trim()])
+                .status()?
+                .success()
+        );
+
+        let err = store.put(b"lost", b"2").unwrap_err();
+        assert!(matches!(err, Error::Poisoned { .. }), "{err:?}");
+        let again = store.put(b"later", b"3").unwrap_err();
+        assert!(
+            matches!(again, Error::Poisoned { .. }),
+            "later writes are refused: {again:?}"
+        );
+        assert!(matches!(store.commit(), Err(Error::Poisoned { .. })));
+        let _ = store.close();
+        drop(store);
+
+        let raw = RocksDbStore::open(&path, &RocksDbOptions::default())?;
+        assert_eq!(raw.get(b"acknowledged")?.as_deref(), Some(&b"1"[..]));
+        assert_eq!(
+            raw.get(b"lost")?,
+            None,
+            "an unacknowledged write reached RocksDB"
+        );
+        assert_eq!(raw.get(b"later")?, None);
+        Ok(())
+    })();
+    launcher("stop").context("stop the private broker")?;
+    result
+}

@@ -1,0 +1,41 @@
+//! Helpers shared by the integration tests: the broker, changelog configs, a counting restore
+//! listener.
+
+#![allow(dead_code)]
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kstate::kstate_kafka::{
+    BatchRestored, ChangelogConfig, RestoreListener, RestoreReport, RestoreStart,
+};
+
+/// A changelog config for `topic`, partition 0, on the test broker, with timeouts short enough
+/// for tests.
+pub fn changelog(topic: &str) -> anyhow::Result<ChangelogConfig> {
+    Ok(
+        ChangelogConfig::new(kstate_test_broker::bootstrap_servers()?, topic, 0)
+            .open_timeout(Duration::from_secs(30))
+            .delivery_timeout(Duration::from_secs(20)),
+    )
+}
+
+/// Records every restore event.
+#[derive(Default)]
+pub struct Recorder {
+    pub starts: Mutex<Vec<RestoreStart>>,
+    pub batches: Mutex<Vec<BatchRestored>>,
+    pub ends: Mutex<Vec<RestoreReport>>,
+}
+
+impl RestoreListener for Recorder {
+    fn on_restore_start(&self, start: &RestoreStart) {
+        self.starts.lock().unwrap().push(start.clone());
+    }
+    fn on_batch_restored(&self, batch: &BatchRestored) {
+        self.batches.lock().unwrap().push(batch.clone());
+    }
+    fn on_restore_end(&self, report: &RestoreReport) {
+        self.ends.lock().unwrap().push(report.clone());
+    }
+}

@@ -1,0 +1,269 @@
+//! Restore at the changelog's awkward edges: an empty topic, transaction markers and an aborted
+//! transaction, records deleted below the stored offset, a topic deleted and recreated.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use kstate::kstate_core::KeyValueStore;
+use kstate::kstate_kafka::{Durability, LoggedStore, OpenHooks, RestoreReport};
+use kstate::kstate_rocksdb::RocksDbOptions;
+use kstate_test_broker::{bootstrap_servers, unique_topic};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+fn open(path: &std::path::Path, topic: &str) -> Result<(LoggedStore, RestoreReport)> {
+    let recorder = Arc::new(common::Recorder::default());
+    let hooks = OpenHooks {
+        listener: Some(recorder.clone()),
+        record_check: None,
+    };
+    let store = LoggedStore::open_with(
+        path,
+        &RocksDbOptions::default(),
+        common::changelog(topic)?.durability(Durability::Async),
+        hooks,
+    )?;
+    let report = recorder
+        .ends
+        .lock()
+        .unwrap()
+        .first()
+        .cloned()
+        .context("no restore end event")?;
+    ensure!(
+        &report == store.restore_report(),
+        "the listener and the report disagree"
+    );
+    Ok((store, report))
+}
+
+fn contents(store: &LoggedStore) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    Ok(store.all()?.collect::<Result<_, _>>()?)
+}
+
+fn producer(transactional_id: Option<&str>) -> Result<ThreadedProducer<DefaultProducerContext>> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .set("enable.idempotence", "true");
+    if let Some(id) = transactional_id {
+        config.set("transactional.id", id);
+    }
+    Ok(config.create()?)
+}
+
+fn produce(topic: &str, records: impl IntoIterator<Item = (String, String)>) -> Result<()> {
+    let producer = producer(None)?;
+    for (k, v) in records {
+        producer
+            .send(BaseRecord::to(topic).partition(0).key(&k).payload(&v))
+            .map_err(|(e, _)| e)?;
+    }
+    producer.flush(Duration::from_secs(20))?;
+    Ok(())
+}
+
+fn admin() -> Result<AdminClient<DefaultClientContext>> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?)
+}
+
+fn write_keys(store: &LoggedStore, range: std::ops::Range<u32>) -> Result<()> {
+    for i in range {
+        store.put(
+            format!("key-{i:04}").as_bytes(),
+            format!("value-{i}").as_bytes(),
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn an_empty_topic_restores_nothing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (store, report) = open(dir.path(), &unique_topic("empty"))?;
+    assert_eq!(
+        (
+            report.start.start_offset,
+            report.start.end_offset,
+            report.records
+        ),
+        (0, 0, 0)
+    );
+    assert!(report.start.rebuild_reason.is_none());
+    assert!(contents(&store)?.is_empty());
+    store.close()?;
+    drop(store); // releases the directory lock
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn aborted_transactions_never_appear_and_markers_do_not_hold_up_the_end() -> Result<()> {
+    let topic = unique_topic("txn");
+    let dir = tempfile::tempdir()?;
+    open(&dir.path().join("creates-topic"), &topic)?.0.close()?;
+
+    let producer = producer(Some(&unique_topic("txn-id")))?;
+    let timeout = Duration::from_secs(20);
+    producer.init_transactions(timeout)?;
+    for (round, commit) in [(0, true), (1, false), (2, true), (3, false)] {
+        producer.begin_transaction()?;
+        for i in 0..5 {
+            let (k, v) = (format!("r{round}-k{i}"), format!("v{i}"));
+            producer
+                .send(BaseRecord::to(&topic).partition(0).key(&k).payload(&v))
+                .map_err(|(e, _)| e)?;
+        }
+        // Make the records reach the log before deciding, so an abort leaves them there.
+        producer.flush(timeout)?;
+        if commit {
+            producer.commit_transaction(timeout)?;
+        } else {
+            producer.abort_transaction(timeout)?;
+        }
+    }
+
+    let started = Instant::now();
+    let (store, report) = open(&dir.path().join("restored"), &topic)?;
+    let keys: Vec<String> = contents(&store)?
+        .into_iter()
+        .map(|(k, _)| String::from_utf8(k).unwrap())
+        .collect();
+    let want: Vec<String> = [0, 2]
+        .iter()
+        .flat_map(|r| (0..5).map(move |i| format!("r{r}-k{i}")))
+        .collect();
+    assert_eq!(keys, want, "only committed transactions' records");
+    assert_eq!(report.records, 10);
+    // The partition ends in an abort marker: the end is reached by position, not by a record.
+    assert!(
+        report.start.end_offset > 20,
+        "markers occupy offsets: end {}",
+        report.start.end_offset
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "restore hung on markers"
+    );
+    store.close()?;
+    drop(store); // releases the directory lock
+
+    // A second open resumes after the last committed record and finds nothing more.
+    let (store, report) = open(&dir.path().join("restored"), &topic)?;
+    assert_eq!(report.records, 0);
+    assert!(report.start.rebuild_reason.is_none());
+    store.close()?;
+    drop(store); // releases the directory lock
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn records_deleted_below_the_stored_offset_force_a_rebuild() -> Result<()> {
+    let topic = unique_topic("deleted");
+    // Kafka refuses deleteRecords on a compact-only topic; changelogs with retention (windowed
+    // state) use "compact,delete", which the store accepts.
+    let admin = admin()?;
+    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact,delete");
+    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
+        created.map_err(|(t, e)| anyhow::anyhow!("create {t}: {e}"))?;
+    }
+    let dir = tempfile::tempdir()?;
+    let (store, _) = open(dir.path(), &topic)?;
+    write_keys(&store, 0..100)?; // offsets 0..=99
+    store.close()?;
+    drop(store); // releases the directory lock
+    produce(
+        &topic,
+        (100..150).map(|i| (format!("key-{i:04}"), format!("value-{i}"))),
+    )?;
+
+    let mut before = TopicPartitionList::new();
+    before.add_partition_offset(&topic, 0, Offset::Offset(120))?;
+    let deleted = admin.delete_records(&before, &AdminOptions::new()).await?;
+    for p in deleted.elements() {
+        ensure!(p.error().is_ok(), "deleteRecords {}: {:?}", p.partition(), p.error());
+    }
+
+    let (store, report) = open(dir.path(), &topic)?;
+    let reason = report
+        .start
+        .rebuild_reason
+        .clone()
+        .context("expected a rebuild")?;
+    assert!(reason.contains("deleted"), "{reason}");
+    assert_eq!((report.start.start_offset, report.records), (120, 30));
+    let keys: Vec<Vec<u8>> = contents(&store)?.into_iter().map(|(k, _)| k).collect();
+    let want: Vec<Vec<u8>> = (120..150)
+        .map(|i| format!("key-{i:04}").into_bytes())
+        .collect();
+    assert_eq!(
+        keys, want,
+        "the wiped store holds exactly what the log still has"
+    );
+    store.close()?;
+    drop(store); // releases the directory lock
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recreated_topic_forces_a_rebuild() -> Result<()> {
+    let topic = unique_topic("recreated");
+    let dir = tempfile::tempdir()?;
+    let (store, _) = open(dir.path(), &topic)?;
+    write_keys(&store, 0..100)?;
+    store.close()?;
+    drop(store); // releases the directory lock
+
+    let admin = admin()?;
+    admin.delete_topics(&[&topic], &AdminOptions::new()).await?;
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // Deletion completes in the background; creation fails until it has.
+        let new =
+            NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+        let created = admin.create_topics(&[new], &AdminOptions::new()).await?;
+        if created.iter().all(Result::is_ok) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "could not recreate {topic}: {created:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(probe);
+    produce(
+        &topic,
+        (0..10).map(|i| (format!("new-{i}"), format!("v{i}"))),
+    )?;
+
+    let (store, report) = open(dir.path(), &topic)?;
+    let reason = report
+        .start
+        .rebuild_reason
+        .clone()
+        .context("expected a rebuild")?;
+    assert!(reason.contains("recreated"), "{reason}");
+    let keys: Vec<String> = contents(&store)?
+        .into_iter()
+        .map(|(k, _)| String::from_utf8(k).unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        (0..10).map(|i| format!("new-{i}")).collect::<Vec<_>>()
+    );
+    store.close()?;
+    drop(store); // releases the directory lock
+    Ok(())
+}
