@@ -2,6 +2,8 @@
 //! the changelog builds on: produce and consume, create a compacted topic, and notice a dead
 //! broker instead of hanging.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

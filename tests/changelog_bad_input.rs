@@ -1,5 +1,7 @@
 //! Bad input gets a typed error that names what is wrong, and loses nothing.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 mod common;
 
 use std::sync::Arc;
@@ -223,4 +225,19 @@ fn a_failed_send_poisons_the_store_and_never_reaches_rocksdb() -> Result<()> {
     })();
     launcher("stop").context("stop the private broker")?;
     result
+}
+
+#[test]
+fn an_oversized_record_is_refused_without_poisoning_the_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = common::changelog(&unique_topic("oversized"))?.max_record_bytes(1_000);
+    let store = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config)?;
+    let err = store.put(b"big", &[0u8; 2_000]).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+    assert!(err.to_string().contains("limit of 1000 bytes"), "{err}");
+    store.put(b"small", b"fits")?;
+    assert_eq!(store.get(b"big")?, None);
+    assert_eq!(store.get(b"small")?.as_deref(), Some(&b"fits"[..]));
+    store.close()?;
+    Ok(())
 }

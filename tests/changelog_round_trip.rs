@@ -1,6 +1,8 @@
 //! 100,000 keys with overwrites and deletes through the typed layer; the local directory is
 //! deleted; reopening restores contents equal to a BTreeMap model, from the changelog alone.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -7,6 +7,8 @@
 //! returns (one `write` call per line, so a SIGKILL cannot tear a line). It commits every 200
 //! writes, so restores have a stored offset to resume from.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
@@ -54,7 +56,7 @@ fn crash_child_writes_until_killed() -> Result<()> {
         store.put(&key.to_be_bytes(), &n.to_be_bytes())?;
         acked.write_all(format!("{key} {n}\n").as_bytes())?;
         n += 1;
-        if n % 200 == 0 {
+        if n.is_multiple_of(200) {
             store.commit()?;
         }
     }

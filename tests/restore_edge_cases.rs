@@ -1,6 +1,8 @@
 //! Restore at the changelog's awkward edges: an empty topic, transaction markers and an aborted
 //! transaction, records deleted below the stored offset, a topic deleted and recreated.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 mod common;
 
 use std::sync::Arc;
@@ -171,7 +173,8 @@ async fn records_deleted_below_the_stored_offset_force_a_rebuild() -> Result<()>
     // Kafka refuses deleteRecords on a compact-only topic; changelogs with retention (windowed
     // state) use "compact,delete", which the store accepts.
     let admin = admin()?;
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact,delete");
+    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact,delete");
     for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
         created.map_err(|(t, e)| anyhow::anyhow!("create {t}: {e}"))?;
     }
@@ -189,7 +192,12 @@ async fn records_deleted_below_the_stored_offset_force_a_rebuild() -> Result<()>
     before.add_partition_offset(&topic, 0, Offset::Offset(120))?;
     let deleted = admin.delete_records(&before, &AdminOptions::new()).await?;
     for p in deleted.elements() {
-        ensure!(p.error().is_ok(), "deleteRecords {}: {:?}", p.partition(), p.error());
+        ensure!(
+            p.error().is_ok(),
+            "deleteRecords {}: {:?}",
+            p.partition(),
+            p.error()
+        );
     }
 
     let (store, report) = open(dir.path(), &topic)?;

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: the broker, changelog configs, a counting restore
 //! listener.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 #![allow(dead_code)]
 
 use std::sync::Mutex;

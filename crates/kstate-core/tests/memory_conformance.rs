@@ -1,5 +1,7 @@
 //! The conformance kit and the model test, run against `MemoryStore`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 use kstate_core::MemoryStore;
 use kstate_core::testkit::Harness;
 

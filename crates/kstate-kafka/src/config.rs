@@ -5,6 +5,12 @@ use std::time::Duration;
 
 use crate::durability::Durability;
 
+/// Kafka's default limit on one record (`message.max.bytes`), less room for the batch header.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 1_000_000;
+
+/// Bytes a record needs on top of its key and value (record batch header and record framing).
+pub(crate) const RECORD_OVERHEAD: usize = 1_024;
+
 /// How a [`LoggedStore`](crate::LoggedStore) talks to its changelog. Built with
 /// [`ChangelogConfig::new`] and the setters; every setter has a documented default.
 #[derive(Debug, Clone)]
@@ -22,6 +28,7 @@ pub struct ChangelogConfig {
     pub(crate) delivery_timeout: Duration,
     pub(crate) linger: Duration,
     pub(crate) restore_batch_records: usize,
+    pub(crate) max_record_bytes: usize,
     pub(crate) client_overrides: BTreeMap<String, String>,
 }
 
@@ -44,8 +51,9 @@ impl ChangelogConfig {
             overlay_max_records: 100_000,
             open_timeout: Duration::from_secs(30),
             delivery_timeout: Duration::from_secs(60),
-            linger: Duration::from_millis(5),
+            linger: Duration::from_millis(0),
             restore_batch_records: 10_000,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             client_overrides: BTreeMap::new(),
         }
     }
@@ -107,6 +115,16 @@ impl ChangelogConfig {
     /// Records per RocksDB write batch during restore (default 10,000).
     pub fn restore_batch_records(mut self, n: usize) -> Self {
         self.restore_batch_records = n.max(1);
+        self
+    }
+
+    /// The largest key + value a write may have, in bytes (default 1,000,000, Kafka's and
+    /// librdkafka's default limit). A larger write is refused with
+    /// [`Error::InvalidArgument`](kstate_core::Error::InvalidArgument) before anything is sent.
+    /// Raising it also raises `max.message.bytes` on a topic this store creates and the
+    /// producer's `message.max.bytes`; an existing topic keeps its own limit.
+    pub fn max_record_bytes(mut self, bytes: usize) -> Self {
+        self.max_record_bytes = bytes.max(1);
         self
     }
 

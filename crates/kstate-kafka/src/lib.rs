@@ -9,6 +9,10 @@
 //! - topic management: the changelog topic is created compacted, and checked on every open.
 
 #![deny(unsafe_code)]
+// `ChangelogError` carries the topic, partition and client error of every failure, which makes it
+// larger than clippy likes. It is only returned from open, restore and topic management (the
+// write path returns `kstate_core::Error`), so the size costs nothing where it matters.
+#![allow(clippy::result_large_err)]
 
 mod config;
 mod durability;
@@ -20,7 +24,7 @@ mod producer;
 mod restore;
 mod topic;
 
-pub use config::ChangelogConfig;
+pub use config::{ChangelogConfig, DEFAULT_MAX_RECORD_BYTES};
 pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
 pub use error::ChangelogError;
 pub use logged_store::{LoggedStore, OpenHooks};

@@ -240,6 +240,24 @@ impl Shared {
 
     fn write(&self, batch: Batch) -> Result<()> {
         self.check_writable()?;
+        // Refuse oversized records before sending any of the batch: the broker would reject
+        // them, and a rejected send poisons the store.
+        let limit = self.config.max_record_bytes;
+        if let Some((key, value)) = batch
+            .mutations()
+            .iter()
+            .find(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len) > limit)
+        {
+            return Err(Error::InvalidArgument {
+                store: self.name.clone(),
+                message: format!(
+                    "a record of {} bytes (key {}) exceeds the changelog's limit of {limit} bytes \
+                     (ChangelogConfig::max_record_bytes)",
+                    key.len() + value.as_ref().map_or(0, Vec::len),
+                    kstate_core::HexBytes(key)
+                ),
+            });
+        }
         let (my_seq, full) = {
             let mut state = lock(&self.state);
             for (key, value) in batch.into_mutations() {
@@ -259,7 +277,7 @@ impl Shared {
         }
         if *lock(&self.mode) == Durability::Sync {
             // Send now rather than after linger.ms, then wait for this write's acknowledgement.
-            let _ = self.producer.flush(self.ack_timeout());
+            self.producer.send_now();
             self.producer
                 .tracker
                 .wait_for(my_seq, self.ack_timeout())

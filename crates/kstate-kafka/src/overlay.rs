@@ -10,7 +10,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::iter::Peekable;
 
-use kstate_core::{Entry, EntryIter, KeyRange, Order, Result};
+use kstate_core::{Entry, EntryIter, KeyRange, Mutation, Order, Result};
 
 /// Keys mapped to their newest value, or `None` for a delete.
 pub(crate) type Map = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
@@ -37,11 +37,7 @@ impl Overlay {
 }
 
 /// The overlay entries in `range` (newest layer first in `layers`), in scan order.
-pub(crate) fn overlay_range(
-    layers: &[&Map],
-    range: &KeyRange,
-    order: Order,
-) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+pub(crate) fn overlay_range(layers: &[&Map], range: &KeyRange, order: Order) -> Vec<Mutation> {
     if range.is_empty() {
         return Vec::new();
     }
@@ -62,17 +58,13 @@ pub(crate) fn overlay_range(
 /// Merges overlay entries over a store scan: an overlay entry hides the store's entry with the
 /// same key; an overlay delete hides it without yielding anything.
 pub(crate) struct MergeScan<'a> {
-    overlay: Peekable<std::vec::IntoIter<(Vec<u8>, Option<Vec<u8>>)>>,
+    overlay: Peekable<std::vec::IntoIter<Mutation>>,
     store: Peekable<EntryIter<'a>>,
     order: Order,
 }
 
 impl<'a> MergeScan<'a> {
-    pub(crate) fn new(
-        overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-        store: EntryIter<'a>,
-        order: Order,
-    ) -> Self {
+    pub(crate) fn new(overlay: Vec<Mutation>, store: EntryIter<'a>, order: Order) -> Self {
         MergeScan {
             overlay: overlay.into_iter().peekable(),
             store: store.peekable(),

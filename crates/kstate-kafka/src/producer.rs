@@ -186,7 +186,13 @@ impl ChangelogProducer {
                 config.delivery_timeout.as_millis().to_string(),
             )
             .set("linger.ms", config.linger.as_millis().to_string())
-            .set("compression.type", "lz4");
+            .set("compression.type", "lz4")
+            .set(
+                "message.max.bytes",
+                (config.max_record_bytes + crate::config::RECORD_OVERHEAD)
+                    .max(1_000_000)
+                    .to_string(),
+            );
         let producer =
             client
                 .create_with_context(context)
@@ -233,11 +239,12 @@ impl ChangelogProducer {
         }
     }
 
-    /// Sends everything queued now, ignoring `linger.ms`, and waits for it (used by `sync`
-    /// mode, where waiting out the linger would be pure latency; concurrent callers share the
-    /// round trip).
-    pub(crate) fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.producer.flush(timeout)
+    /// Wakes the producer to send what is queued now instead of after `linger.ms`, without
+    /// waiting (`sync` mode, where the linger would be pure latency). A zero-timeout
+    /// `rd_kafka_flush` does exactly that: it flags the queues for immediate transmission and
+    /// returns "timed out" at once, which is expected here.
+    pub(crate) fn send_now(&self) {
+        let _ = self.producer.flush(Duration::ZERO);
     }
 
     /// Records queued or in flight.

@@ -85,6 +85,8 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 fn create_topic(config: &ChangelogConfig) -> Result<(), ChangelogError> {
     let admin = admin(config)?;
     let min_isr = config.min_insync_replicas.map(|n| n.to_string());
+    let max_message = (config.max_record_bytes > crate::config::DEFAULT_MAX_RECORD_BYTES)
+        .then(|| (config.max_record_bytes + crate::config::RECORD_OVERHEAD).to_string());
     let mut topic = NewTopic::new(
         &config.topic,
         config.partitions,
@@ -93,6 +95,9 @@ fn create_topic(config: &ChangelogConfig) -> Result<(), ChangelogError> {
     .set("cleanup.policy", "compact");
     if let Some(min_isr) = &min_isr {
         topic = topic.set("min.insync.replicas", min_isr);
+    }
+    if let Some(max_message) = &max_message {
+        topic = topic.set("max.message.bytes", max_message);
     }
     let options = AdminOptions::new().operation_timeout(Some(config.open_timeout));
     let results = block_on(admin.create_topics(&[topic], &options))

@@ -2,6 +2,8 @@
 //! the overlay merge must be indistinguishable from a plain store, before and after commits and
 //! reopens (a reopen restores from the changelog).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -34,6 +36,8 @@ impl LoggedHarness {
             .delivery_timeout(Duration::from_secs(20))
             // Small bounds, so scenarios also cross early commits.
             .overlay_bounds(64 << 10, 300)
+            // The kit writes 1 MiB values; Kafka's default record limit is just below that.
+            .max_record_bytes(2 << 20)
     }
 }
 
@@ -53,7 +57,7 @@ impl Harness for LoggedHarness {
         let (path, topic) = self
             .open_stores
             .iter()
-            .find(|(p, _)| name.starts_with(&p.display().to_string()))
+            .find(|(p, _)| name.starts_with(&format!("{} (", p.display())))
             .cloned()
             .unwrap();
         store.close().unwrap();

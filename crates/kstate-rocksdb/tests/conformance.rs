@@ -1,5 +1,7 @@
 //! The conformance kit and the BTreeMap model test, run against `RocksDbStore`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 use kstate_core::KeyValueStore as _;
 use kstate_core::testkit::Harness;
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore};

@@ -6,6 +6,8 @@
 //! the memtable, and there was no WAL to replay them from. The changelog (kstate-kafka) is what
 //! brings such writes back; this test pins down the engine behaviour it relies on.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 

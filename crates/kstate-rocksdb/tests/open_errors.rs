@@ -1,5 +1,7 @@
 //! Bad paths and double opens give typed errors that name the path.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 use std::os::unix::fs::PermissionsExt;
 
 use kstate_rocksdb::{OpenError, RocksDbOptions, RocksDbStore};

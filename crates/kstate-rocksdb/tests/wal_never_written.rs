@@ -1,5 +1,7 @@
 //! Invariant 1: no write path of the store writes RocksDB's WAL.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
 use std::path::Path;
 
 use kstate_core::{Batch, KeyValueStore};
