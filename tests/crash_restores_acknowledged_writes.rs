@@ -5,7 +5,8 @@
 //! The child is this test binary run again with `KSTATE_CRASH_DIR` set: it opens the store, writes
 //! `key = n % 500, value = n` for increasing `n`, and appends `key value` to a file after each put
 //! returns (one `write` call per line, so a SIGKILL cannot tear a line). It commits every 200
-//! writes, so restores have a stored offset to resume from.
+//! writes and also flushes every 1,000, so restores resume from stored offsets the child wrote
+//! as well as from those the parent's clean close wrote.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
@@ -56,7 +57,12 @@ fn crash_child_writes_until_killed() -> Result<()> {
         store.put(&key.to_be_bytes(), &n.to_be_bytes())?;
         acked.write_all(format!("{key} {n}\n").as_bytes())?;
         n += 1;
-        if n.is_multiple_of(200) {
+        if n.is_multiple_of(1_000) {
+            // Commit and flush the memtables, so the stored offset survives the kill: reopens
+            // then resume from a position this child wrote. Plain commits (below) live in the
+            // memtable only and are lost with it, which restore must also survive.
+            store.flush()?;
+        } else if n.is_multiple_of(200) {
             store.commit()?;
         }
     }
