@@ -4,14 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use anyhow::{Context, Result, bail, ensure};
-use kstate_test_broker::{bootstrap_servers, launcher_script, unique_topic};
+use kstate_test_broker::{PrivateBroker, bootstrap_servers, unique_topic};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -23,23 +23,11 @@ fn client_config(servers: &str) -> ClientConfig {
     config
 }
 
-async fn create_topic(servers: &str, topic: &str, compact: bool) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = client_config(servers).create()?;
-    let mut new = NewTopic::new(topic, 1, TopicReplication::Fixed(1));
-    if compact {
-        new = new.set("cleanup.policy", "compact");
-    }
-    for result in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        result.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
-    Ok(())
-}
-
 #[tokio::test]
 async fn records_produced_are_consumed_in_order() -> Result<()> {
     let servers = bootstrap_servers()?;
     let topic = unique_topic("smoke");
-    create_topic(&servers, &topic, false).await?;
+    common::create_topic(&servers, &topic, 1, "delete").await?;
 
     let producer: FutureProducer = client_config(&servers)
         .set("acks", "all")
@@ -90,7 +78,7 @@ async fn records_produced_are_consumed_in_order() -> Result<()> {
 async fn a_compacted_topic_reports_its_cleanup_policy() -> Result<()> {
     let servers = bootstrap_servers()?;
     let topic = unique_topic("compact");
-    create_topic(&servers, &topic, true).await?;
+    common::create_topic(&servers, &topic, 1, "compact").await?;
     let admin: AdminClient<DefaultClientContext> = client_config(&servers).create()?;
     let results = admin
         .describe_configs(&[ResourceSpecifier::Topic(&topic)], &AdminOptions::new())
@@ -105,86 +93,53 @@ async fn a_compacted_topic_reports_its_cleanup_policy() -> Result<()> {
     Ok(())
 }
 
-/// Runs `scripts/kafka` for a private broker in `state`.
-fn launcher(state: &Path, command: &str) -> Result<String> {
-    let output = Command::new(launcher_script())
-        .arg(command)
-        .env("KSTATE_KAFKA_STATE_DIR", state)
-        .env("KSTATE_KAFKA_IDLE_SECS", "300")
-        .output()
-        .context("run scripts/kafka")?;
-    if !output.status.success() {
-        bail!(
-            "scripts/kafka {command} failed: {}\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .to_string())
-}
-
-/// Needs its own broker to kill, so it starts one with the local launcher (a JDK is needed even
-/// when the other tests use Docker).
+/// Needs its own broker to kill: a [`PrivateBroker`] (a JDK is needed even when the other tests
+/// use Docker).
 #[tokio::test]
 async fn a_killed_broker_fails_delivery_within_the_message_timeout() -> Result<()> {
-    let state = tempfile::tempdir()?;
-    let servers = launcher(state.path(), "start")?;
-    let outcome = async {
-        let topic = unique_topic("killed");
-        create_topic(&servers, &topic, false).await?;
-        let producer: FutureProducer = client_config(&servers)
-            .set("acks", "all")
-            .set("message.timeout.ms", "3000")
-            .create()?;
-        producer
-            .send(
-                FutureRecord::to(&topic)
-                    .partition(0)
-                    .key("k")
-                    .payload("before"),
-                Duration::from_secs(10),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .context("produce while the broker is up")?;
+    let broker = PrivateBroker::start()?;
+    let servers = broker.bootstrap_servers();
+    let topic = unique_topic("killed");
+    common::create_topic(servers, &topic, 1, "delete").await?;
+    let producer: FutureProducer = client_config(servers)
+        .set("acks", "all")
+        .set("message.timeout.ms", "3000")
+        .create()?;
+    producer
+        .send(
+            FutureRecord::to(&topic)
+                .partition(0)
+                .key("k")
+                .payload("before"),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .context("produce while the broker is up")?;
 
-        let pid = std::fs::read_to_string(state.path().join("broker.pid"))?;
-        let status = Command::new("kill").args(["-KILL", pid.trim()]).status()?;
-        ensure!(status.success(), "kill -KILL {pid} failed");
-
-        let start = Instant::now();
-        let result = producer
-            .send(
-                FutureRecord::to(&topic)
-                    .partition(0)
-                    .key("k")
-                    .payload("after"),
-                Duration::from_secs(10),
-            )
-            .await;
-        let waited = start.elapsed();
-        let err = match result {
-            Ok(delivery) => bail!("delivery to a killed broker succeeded: {delivery:?}"),
-            Err((err, _)) => err,
-        };
-        // No hang: the error arrives within the message timeout plus slack for a loaded machine.
-        ensure!(
-            waited < Duration::from_secs(30),
-            "waited {waited:?} for the delivery error"
-        );
-        Ok::<_, anyhow::Error>(err.to_string())
-    }
-    .await;
-    launcher(state.path(), "stop")?;
-    let error = outcome?;
+    broker.kill()?;
+    let start = Instant::now();
+    let result = producer
+        .send(
+            FutureRecord::to(&topic)
+                .partition(0)
+                .key("k")
+                .payload("after"),
+            Duration::from_secs(10),
+        )
+        .await;
+    let waited = start.elapsed();
+    let error = match result {
+        Ok(delivery) => bail!("delivery to a killed broker succeeded: {delivery:?}"),
+        Err((err, _)) => err.to_string(),
+    };
+    // No hang: the error arrives within the message timeout plus slack for a loaded machine.
+    ensure!(
+        waited < Duration::from_secs(30),
+        "waited {waited:?} for the delivery error"
+    );
     assert!(
-        error.contains("timed out")
-            || error.contains("Local: Message timed out")
-            || error.contains("transport"),
+        error.contains("timed out") || error.contains("transport"),
         "unexpected delivery error: {error}"
     );
     Ok(())

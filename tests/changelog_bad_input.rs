@@ -7,27 +7,13 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use kstate::kstate_core::{Bincode, Error, KeyValueStore, entry_check};
 use kstate::kstate_kafka::{ChangelogConfig, ChangelogError, Durability, LoggedStore, OpenHooks};
 use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
-use kstate_test_broker::{bootstrap_servers, launcher_script, unique_topic};
+use kstate_test_broker::{PrivateBroker, bootstrap_servers, unique_topic};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-
-async fn create_topic(topic: &str, partitions: i32, policy: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers()?)
-        .create()?;
-    let new =
-        NewTopic::new(topic, partitions, TopicReplication::Fixed(1)).set("cleanup.policy", policy);
-    for r in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        r.map_err(|(t, e)| anyhow::anyhow!("create {t}: {e}"))?;
-    }
-    Ok(())
-}
 
 #[test]
 fn an_unreachable_broker_is_an_error_within_the_open_timeout() -> Result<()> {
@@ -51,7 +37,7 @@ fn an_unreachable_broker_is_an_error_within_the_open_timeout() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_topic_with_another_partition_count_is_refused() -> Result<()> {
     let topic = unique_topic("partitions");
-    create_topic(&topic, 3, "compact").await?;
+    common::create_topic(&bootstrap_servers()?, &topic, 3, "compact").await?;
     let dir = tempfile::tempdir()?;
     let err = LoggedStore::open(
         dir.path(),
@@ -74,7 +60,7 @@ async fn a_topic_with_another_partition_count_is_refused() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_topic_that_is_not_compacted_is_refused() -> Result<()> {
     let topic = unique_topic("not-compacted");
-    create_topic(&topic, 1, "delete").await?;
+    common::create_topic(&bootstrap_servers()?, &topic, 1, "delete").await?;
     let dir = tempfile::tempdir()?;
     let err = LoggedStore::open(
         dir.path(),
@@ -164,67 +150,40 @@ fn an_undecodable_changelog_value_names_topic_partition_and_offset() -> Result<(
     Ok(())
 }
 
-/// Needs a broker it can kill: starts a private one with the local launcher.
+/// Needs a broker it can kill: a [`PrivateBroker`].
 #[test]
 fn a_failed_send_poisons_the_store_and_never_reaches_rocksdb() -> Result<()> {
-    let state = tempfile::tempdir()?;
-    let launcher = |command: &str| -> Result<String> {
-        let out = std::process::Command::new(launcher_script())
-            .arg(command)
-            .env("KSTATE_KAFKA_STATE_DIR", state.path())
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "scripts/kafka {command}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string())
-    };
-    let servers = launcher("start")?;
+    let broker = PrivateBroker::start()?;
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("store");
-    let result = (|| -> Result<()> {
-        let config = ChangelogConfig::new(&servers, unique_topic("poison"), 0)
-            .durability(Durability::Sync)
-            .delivery_timeout(Duration::from_secs(3));
-        let store = LoggedStore::open(&path, &RocksDbOptions::default(), config)?;
-        store.put(b"acknowledged", b"1")?;
-        store.commit()?;
-        let pid = std::fs::read_to_string(state.path().join("broker.pid"))?;
-        anyhow::ensure!(
-            std::process::Command::new("kill")
-                .args(["-KILL", pid.trim()])
-                .status()?
-                .success()
-        );
+    let config = ChangelogConfig::new(broker.bootstrap_servers(), unique_topic("poison"), 0)
+        .durability(Durability::Sync)
+        .delivery_timeout(Duration::from_secs(3));
+    let store = LoggedStore::open(&path, &RocksDbOptions::default(), config)?;
+    store.put(b"acknowledged", b"1")?;
+    store.commit()?;
+    broker.kill()?;
 
-        let err = store.put(b"lost", b"2").unwrap_err();
-        assert!(matches!(err, Error::Poisoned { .. }), "{err:?}");
-        let again = store.put(b"later", b"3").unwrap_err();
-        assert!(
-            matches!(again, Error::Poisoned { .. }),
-            "later writes are refused: {again:?}"
-        );
-        assert!(matches!(store.commit(), Err(Error::Poisoned { .. })));
-        let _ = store.close();
-        drop(store);
+    let err = store.put(b"lost", b"2").unwrap_err();
+    assert!(matches!(err, Error::Poisoned { .. }), "{err:?}");
+    let again = store.put(b"later", b"3").unwrap_err();
+    assert!(
+        matches!(again, Error::Poisoned { .. }),
+        "later writes are refused: {again:?}"
+    );
+    assert!(matches!(store.commit(), Err(Error::Poisoned { .. })));
+    let _ = store.close();
+    drop(store);
 
-        let raw = RocksDbStore::open(&path, &RocksDbOptions::default())?;
-        assert_eq!(raw.get(b"acknowledged")?.as_deref(), Some(&b"1"[..]));
-        assert_eq!(
-            raw.get(b"lost")?,
-            None,
-            "an unacknowledged write reached RocksDB"
-        );
-        assert_eq!(raw.get(b"later")?, None);
-        Ok(())
-    })();
-    launcher("stop").context("stop the private broker")?;
-    result
+    let raw = RocksDbStore::open(&path, &RocksDbOptions::default())?;
+    assert_eq!(raw.get(b"acknowledged")?.as_deref(), Some(&b"1"[..]));
+    assert_eq!(
+        raw.get(b"lost")?,
+        None,
+        "an unacknowledged write reached RocksDB"
+    );
+    assert_eq!(raw.get(b"later")?, None);
+    Ok(())
 }
 
 #[test]

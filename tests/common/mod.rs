@@ -21,6 +21,26 @@ pub fn changelog(topic: &str) -> anyhow::Result<ChangelogConfig> {
     )
 }
 
+/// Creates `topic` with `partitions` partitions and `cleanup.policy=policy` on the brokers at
+/// `servers`.
+pub async fn create_topic(
+    servers: &str,
+    topic: &str,
+    partitions: i32,
+    policy: &str,
+) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .create()?;
+    let new =
+        NewTopic::new(topic, partitions, TopicReplication::Fixed(1)).set("cleanup.policy", policy);
+    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
+        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Records every restore event.
 #[derive(Default)]
 pub struct Recorder {

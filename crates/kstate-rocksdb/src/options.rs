@@ -10,9 +10,9 @@
 //!
 //! Unless told otherwise, stores share one process-wide budget ([`MemoryBudget::process_default`]).
 //!
-//! The defaults were chosen by measurement with `examples/rows_per_second.rs` on the project's
-//! 2-core machine (see BENCHMARKS.md) and follow RocksDB's tuning guide where the measurement
-//! could not tell them apart:
+//! The defaults follow RocksDB's tuning guide and Kafka Streams' bounded-memory recipe; the write
+//! path with them is measured by `examples/rows_per_second.rs` (BENCHMARKS.md), which is also
+//! how to compare alternatives:
 //!
 //! | option | default | why |
 //! |---|---|---|

@@ -90,6 +90,17 @@ pub enum BrokerError {
         /// Why the local launcher did not give one.
         launcher: String,
     },
+
+    /// `scripts/kafka` failed for a private broker.
+    #[error("scripts/kafka {command} failed for a private broker in {state_dir}: {message}")]
+    Launcher {
+        /// The launcher command.
+        command: &'static str,
+        /// The private state directory.
+        state_dir: String,
+        /// What it printed.
+        message: String,
+    },
 }
 
 /// The process-wide broker, found (and if need be started) on first use.
@@ -227,6 +238,83 @@ fn launcher_broker() -> Result<Broker, String> {
         source: BrokerSource::LocalLauncher,
         _container: None,
     })
+}
+
+/// A broker of a test's own, for tests that kill it: `scripts/kafka` in a private state
+/// directory (so it needs a JDK even where the shared broker comes from Docker). Dropping it stops
+/// the broker and removes the directory.
+pub struct PrivateBroker {
+    state_dir: PathBuf,
+    bootstrap_servers: String,
+}
+
+impl PrivateBroker {
+    /// Starts the broker and waits until it answers.
+    pub fn start() -> Result<Self, BrokerError> {
+        let state_dir = std::env::temp_dir().join(unique_topic("private-broker"));
+        let mut broker = PrivateBroker {
+            state_dir,
+            bootstrap_servers: String::new(),
+        };
+        broker.bootstrap_servers = broker.launcher("start")?;
+        Ok(broker)
+    }
+
+    /// The `bootstrap.servers` value to give clients.
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.bootstrap_servers
+    }
+
+    /// Kills the broker with SIGKILL: no shutdown, no goodbye to its clients.
+    pub fn kill(&self) -> Result<(), BrokerError> {
+        let failed = |message: String| BrokerError::Launcher {
+            command: "kill",
+            state_dir: self.state_dir.display().to_string(),
+            message,
+        };
+        let pid = std::fs::read_to_string(self.state_dir.join("broker.pid"))
+            .map_err(|e| failed(e.to_string()))?;
+        let status = Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status()
+            .map_err(|e| failed(e.to_string()))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(failed(format!(
+                "kill -KILL {} exited with {status}",
+                pid.trim()
+            )))
+        }
+    }
+
+    fn launcher(&self, command: &'static str) -> Result<String, BrokerError> {
+        let failed = |message: String| BrokerError::Launcher {
+            command,
+            state_dir: self.state_dir.display().to_string(),
+            message,
+        };
+        let output = Command::new(launcher_script())
+            .arg(command)
+            .env("KSTATE_KAFKA_STATE_DIR", &self.state_dir)
+            .env("KSTATE_KAFKA_IDLE_SECS", "600")
+            .output()
+            .map_err(|e| failed(e.to_string()))?;
+        if !output.status.success() {
+            return Err(failed(String::from_utf8_lossy(&output.stderr).into_owned()));
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        Ok(stdout.lines().last().unwrap_or_default().trim().to_string())
+    }
+}
+
+impl Drop for PrivateBroker {
+    fn drop(&mut self) {
+        if let Err(e) = self.launcher("stop") {
+            tracing::warn!(error = %e, "could not stop the private broker");
+        }
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
 }
 
 /// The launcher stops an idle broker; while this process lives, it is not idle.

@@ -80,8 +80,25 @@ impl WritePath {
 /// Generates one `#[test]` per conformance scenario for the engine whose [`Harness`] the
 /// expression builds.
 ///
-/// ```ignore
-/// kstate_core::conformance_tests!(MyHarness::new());
+/// ```
+/// use kstate_core::testkit::Harness;
+/// use kstate_core::{KeyValueStore, MemoryStore};
+///
+/// struct Memory;
+///
+/// impl Harness for Memory {
+///     type Store = MemoryStore;
+///     fn open(&mut self) -> MemoryStore {
+///         MemoryStore::new("doc")
+///     }
+///     fn reopen(&mut self, store: MemoryStore) -> MemoryStore {
+///         store.close().unwrap();
+///         store.reopen()
+///     }
+/// }
+///
+/// kstate_core::conformance_tests!(Memory);
+/// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
