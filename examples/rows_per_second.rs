@@ -18,8 +18,8 @@
 //!   reached and at the end; `group` commits every 10 ms; `sync` waits for the broker's
 //!   acknowledgement of every put, so it writes at most 50,000 rows (`--sync-rows`).
 //!
-//! After the logged configurations, the `logged-group` changelog is restored into an empty
-//! directory (`restored <n> records in <t> ms (<r> records/s)`), and a bare rdkafka consumer reads
+//! After the logged configurations, the `logged-group` changelog (a new topic per run, or the one
+//! `--restore-topic` names, which must not exist yet) is restored into an empty directory (`restored <n> records in <t> ms (<r> records/s)`), and a bare rdkafka consumer reads
 //! the same partition for comparison. The changelog configurations need a broker:
 //! `KAFKA_BOOTSTRAP_SERVERS`, which `scripts/rows-per-second` sets up; without one the example
 //! runs the store-only configurations and says how to get the rest.
@@ -53,10 +53,11 @@ struct Args {
     dir: Option<PathBuf>,
     seed: u64,
     sync_rows: u64,
+    restore_topic: Option<String>,
 }
 
 const USAGE: &str = "usage: rows_per_second [--rows N] [--value-size BYTES] [--batch N] \
-[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N]";
+[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME]";
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -68,6 +69,7 @@ impl Args {
             dir: None,
             seed: 543,
             sync_rows: 50_000,
+            restore_topic: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -89,6 +91,7 @@ impl Args {
                 "--batch" => args.batch = usize::try_from(number(&value)?)?.max(1),
                 "--seed" => args.seed = number(&value)?,
                 "--sync-rows" => args.sync_rows = number(&value)?,
+                "--restore-topic" => args.restore_topic = Some(value),
                 "--dir" => args.dir = Some(PathBuf::from(value)),
                 "--configs" => {
                     args.configs = value.split(',').map(str::to_string).collect();
@@ -173,11 +176,17 @@ struct RunContext {
     bootstrap: Option<String>,
     /// Makes this run's changelog topics unique.
     run_id: String,
+    /// The changelog topic of `logged-group`, when the caller names it (so that another system
+    /// can restore the very same records).
+    restore_topic: Option<String>,
 }
 
 impl RunContext {
     fn topic(&self, config: &str) -> String {
-        format!("kstate-rows-per-second-{}-{config}", self.run_id)
+        match &self.restore_topic {
+            Some(topic) if config == RESTORED_CONFIG => topic.clone(),
+            _ => format!("kstate-rows-per-second-{}-{config}", self.run_id),
+        }
     }
 
     fn logged(
@@ -356,6 +365,7 @@ fn main() -> Result<()> {
                 .duration_since(std::time::UNIX_EPOCH)?
                 .as_secs()
         ),
+        restore_topic: args.restore_topic.clone(),
     };
     let mut summaries = Vec::new();
     let mut skipped = Vec::new();
