@@ -90,6 +90,9 @@ fn a_deleted_directory_is_rebuilt_from_the_changelog_alone() -> Result<()> {
         listener: None,
         record_check: Some(Arc::new(entry_check::<u64, Account, _>(Bincode))),
     };
+    // Small bulk chunks, so overwrites and deletes fall in other chunks than the records they
+    // replace: the newest must win across SST files.
+    let config = config.bulk_chunk_records(7_000);
     let logged = LoggedStore::open_with(&path, &RocksDbOptions::default(), config, hooks)?;
     let report = logged.restore_report().clone();
     assert_eq!(

@@ -28,6 +28,7 @@ pub struct ChangelogConfig {
     pub(crate) delivery_timeout: Duration,
     pub(crate) linger: Duration,
     pub(crate) restore_batch_records: usize,
+    pub(crate) bulk_chunk_records: usize,
     pub(crate) max_record_bytes: usize,
     pub(crate) client_overrides: BTreeMap<String, String>,
 }
@@ -53,6 +54,7 @@ impl ChangelogConfig {
             delivery_timeout: Duration::from_secs(60),
             linger: Duration::from_millis(0),
             restore_batch_records: 10_000,
+            bulk_chunk_records: 250_000,
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             client_overrides: BTreeMap::new(),
         }
@@ -115,6 +117,13 @@ impl ChangelogConfig {
     /// Records per RocksDB write batch during restore (default 10,000).
     pub fn restore_batch_records(mut self, n: usize) -> Self {
         self.restore_batch_records = n.max(1);
+        self
+    }
+
+    /// Records per SST file when restoring into an empty store (the bulk path; default 250,000,
+    /// about 30 MB of 100-byte values held in memory at once).
+    pub fn bulk_chunk_records(mut self, n: usize) -> Self {
+        self.bulk_chunk_records = n.max(1);
         self
     }
 

@@ -1,0 +1,532 @@
+package kstate.bench;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.file.FileVisitResult;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.SimpleFileVisitor;
+import java.nio.file.attribute.BasicFileAttributes;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.Random;
+import java.util.Set;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicReference;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.admin.OffsetSpec;
+import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.config.TopicConfig;
+import org.apache.kafka.common.errors.TopicExistsException;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.Topology;
+import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.Materialized;
+import org.apache.kafka.streams.processor.StateRestoreListener;
+import org.apache.kafka.streams.processor.api.Processor;
+import org.apache.kafka.streams.processor.api.ProcessorContext;
+import org.apache.kafka.streams.processor.api.Record;
+import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.Stores;
+
+/**
+ * The Kafka Streams side of benches/kafka-streams/compare.sh.
+ *
+ * <pre>
+ * restore --bootstrap B --application-id APP --store STORE [--topology dsl|papi] [--delete-topics]
+ * puts    --bootstrap B --rows N [--application-id APP] [--store STORE] [--topology papi|dsl]
+ *         [--value-size BYTES] [--seed N] [--delete-topics]
+ * </pre>
+ *
+ * <p>Both modes run one Kafka Streams instance (at_least_once, 1 stream thread, no standby, state
+ * dir in a fresh temp dir) whose one persistent key-value store (Stores.persistentKeyValueStore,
+ * default RocksDB settings, ByteArray serdes, logging on, caching off) has the changelog
+ * APP-STORE-changelog. The topology reads APP-input (1 partition) and puts every record into the
+ * store.
+ */
+public final class KafkaStreamsBench {
+    private static final long WAIT_MINUTES = 30;
+
+    private KafkaStreamsBench() {}
+
+    public static void main(String[] argv) throws Exception {
+        if (argv.length == 0 || argv[0].equals("--help") || argv[0].equals("-h")) {
+            usage();
+            System.exit(argv.length == 0 ? 2 : 0);
+        }
+        Map<String, String> opts = parse(argv);
+        int rc;
+        switch (argv[0]) {
+            case "restore" -> rc = restore(opts);
+            case "puts" -> rc = puts(opts);
+            default -> {
+                usage();
+                rc = 2;
+            }
+        }
+        // Kafka's and RocksDB's threads are all closed by now; exit without waiting for stragglers.
+        System.exit(rc);
+    }
+
+    private static void usage() {
+        System.err.println(
+                "usage:\n"
+                        + "  restore --bootstrap B --application-id APP --store STORE [--topology dsl|papi]"
+                        + " [--delete-topics]\n"
+                        + "  puts --bootstrap B --rows N [--application-id APP] [--store STORE]"
+                        + " [--topology papi|dsl] [--value-size BYTES] [--seed N] [--delete-topics]");
+    }
+
+    private static Map<String, String> parse(String[] argv) {
+        Map<String, String> opts = new HashMap<>();
+        for (int i = 1; i < argv.length; i++) {
+            String flag = argv[i];
+            if (!flag.startsWith("--")) {
+                throw new IllegalArgumentException("unexpected argument " + flag);
+            }
+            if (flag.equals("--delete-topics")) {
+                opts.put("delete-topics", "true");
+                continue;
+            }
+            if (i + 1 >= argv.length) {
+                throw new IllegalArgumentException(flag + " needs a value");
+            }
+            opts.put(flag.substring(2), argv[++i]);
+        }
+        return opts;
+    }
+
+    private static String required(Map<String, String> opts, String name) {
+        String v = opts.get(name);
+        if (v == null || v.isEmpty()) {
+            throw new IllegalArgumentException("--" + name + " is required");
+        }
+        return v;
+    }
+
+    private static long number(Map<String, String> opts, String name, long dflt) {
+        String v = opts.get(name);
+        return v == null ? dflt : Long.parseLong(v.replace("_", ""));
+    }
+
+    // ------------------------------------------------------------------ restore
+
+    private static int restore(Map<String, String> opts) throws Exception {
+        String bootstrap = required(opts, "bootstrap");
+        String app = required(opts, "application-id");
+        String store = required(opts, "store");
+        String topology = opts.getOrDefault("topology", "dsl");
+        String input = app + "-input";
+        String changelog = app + "-" + store + "-changelog";
+        Path stateDir = Files.createTempDirectory("kstate-ks-restore-");
+
+        long endOffset;
+        try (Admin admin = admin(bootstrap)) {
+            Set<String> topics = admin.listTopics().names().get();
+            if (!topics.contains(changelog)) {
+                System.err.println("changelog topic " + changelog + " does not exist: fill it first");
+                return 1;
+            }
+            TopicDescription d = admin.describeTopics(List.of(changelog)).allTopicNames().get().get(changelog);
+            String policy = admin.describeConfigs(List.of(new org.apache.kafka.common.config.ConfigResource(
+                            org.apache.kafka.common.config.ConfigResource.Type.TOPIC, changelog)))
+                    .all().get().values().iterator().next().get(TopicConfig.CLEANUP_POLICY_CONFIG).value();
+            endOffset = endOffset(admin, changelog);
+            System.out.printf("changelog %s: partitions=%d cleanup.policy=%s end_offset=%d%n",
+                    changelog, d.partitions().size(), policy, endOffset);
+            createIfMissing(admin, input);
+        }
+
+        RestoreTimer timer = new RestoreTimer();
+        Properties props = streamsProps(bootstrap, app, stateDir);
+        KafkaStreams streams = new KafkaStreams(topology(topology, input, store, null), props);
+        AtomicReference<Throwable> failure = watch(streams);
+        streams.setGlobalStateRestoreListener(timer);
+        int rc = 0;
+        try {
+            streams.start();
+            if (!await(timer.done, failure, streams)) {
+                System.err.println("kafka-streams: the restore did not finish: "
+                        + (failure.get() != null ? failure.get() : "state " + streams.state()));
+                rc = 1;
+            } else {
+                long ns = timer.endNs - timer.startNs;
+                double ms = ns / 1e6;
+                System.out.printf("restore range: offsets %d..%d of %s%n", timer.startOffset, timer.endOffset,
+                        timer.partition);
+                System.out.printf("kafka-streams restored %d records in %.0f ms (%.0f records/s)%n",
+                        timer.total, ms, timer.total / (ns / 1e9));
+            }
+        } finally {
+            closeAndClean(streams, stateDir);
+        }
+        if (opts.containsKey("delete-topics")) {
+            deleteTopicsAndGroup(bootstrap, app, List.of(input, changelog));
+        }
+        return rc;
+    }
+
+    /** Times the restore of the (one) changelog partition. */
+    private static final class RestoreTimer implements StateRestoreListener {
+        final CountDownLatch done = new CountDownLatch(1);
+        volatile long startNs;
+        volatile long endNs;
+        volatile long total;
+        volatile long startOffset;
+        volatile long endOffset;
+        volatile TopicPartition partition;
+
+        @Override
+        public void onRestoreStart(TopicPartition tp, String storeName, long startingOffset, long endingOffset) {
+            startNs = System.nanoTime();
+            partition = tp;
+            startOffset = startingOffset;
+            endOffset = endingOffset;
+        }
+
+        @Override
+        public void onBatchRestored(TopicPartition tp, String storeName, long batchEndOffset, long numRestored) {}
+
+        @Override
+        public void onRestoreEnd(TopicPartition tp, String storeName, long totalRestored) {
+            endNs = System.nanoTime();
+            total = totalRestored;
+            done.countDown();
+        }
+    }
+
+    // ------------------------------------------------------------------ puts
+
+    private static int puts(Map<String, String> opts) throws Exception {
+        String bootstrap = required(opts, "bootstrap");
+        long rows = number(opts, "rows", 1_000_000);
+        int valueSize = (int) number(opts, "value-size", 100);
+        long seed = number(opts, "seed", 543);
+        String app = opts.getOrDefault("application-id", "kstate-ks-puts-" + ProcessHandle.current().pid() + "-"
+                + System.currentTimeMillis() / 1000);
+        String store = opts.getOrDefault("store", "store");
+        String topology = opts.getOrDefault("topology", "papi");
+        String input = app + "-input";
+        String changelog = app + "-" + store + "-changelog";
+        if (rows <= 0 || rows > Integer.MAX_VALUE) {
+            throw new IllegalArgumentException("--rows must be in 1.." + Integer.MAX_VALUE);
+        }
+
+        // Not timed: a fresh input topic with the rows in a shuffled order.
+        try (Admin admin = admin(bootstrap)) {
+            if (admin.listTopics().names().get().contains(input)) {
+                System.err.println("input topic " + input + " already exists: use a fresh --application-id");
+                return 1;
+            }
+            createIfMissing(admin, input);
+        }
+        long produceStart = System.nanoTime();
+        produce(bootstrap, input, (int) rows, valueSize, seed);
+        System.out.printf("produced %d input records to %s in %.0f ms (not timed)%n", rows, input,
+                (System.nanoTime() - produceStart) / 1e6);
+
+        Path stateDir = Files.createTempDirectory("kstate-ks-puts-");
+        PutCounter counter = new PutCounter(rows);
+        KafkaStreams streams = new KafkaStreams(topology(topology, input, store, counter),
+                streamsProps(bootstrap, app, stateDir));
+        AtomicReference<Throwable> failure = watch(streams);
+        int rc = 0;
+        try (Admin admin = admin(bootstrap)) {
+            long startNs = System.nanoTime();
+            streams.start();
+            if (!await(counter.done, failure, streams)) {
+                System.err.println("kafka-streams: not all rows were processed (" + counter.count.get() + " of "
+                        + rows + "): " + (failure.get() != null ? failure.get() : "state " + streams.state()));
+                rc = 1;
+            } else {
+                // Every put is in the changelog once the topic's end offset reaches `rows` (the
+                // producer is idempotent; the broker has acknowledged them all).
+                long ackedNs = 0;
+                long deadline = System.nanoTime() + TimeUnit.MINUTES.toNanos(5);
+                while (System.nanoTime() < deadline) {
+                    if (endOffset(admin, changelog) >= rows) {
+                        ackedNs = System.nanoTime();
+                        break;
+                    }
+                    Thread.sleep(5);
+                }
+                double firstToLastMs = (counter.lastNs - counter.firstNs) / 1e6;
+                double fromStartMs = (counter.lastNs - startNs) / 1e6;
+                System.out.printf("kafka-streams puts startup: %.0f ms from KafkaStreams#start to the first put%n",
+                        (counter.firstNs - startNs) / 1e6);
+                System.out.printf("kafka-streams puts from-start rows=%d ms=%.0f rows_per_sec=%.0f%n", rows,
+                        fromStartMs, rows / (fromStartMs / 1e3));
+                if (ackedNs != 0) {
+                    double ackedMs = (ackedNs - counter.firstNs) / 1e6;
+                    System.out.printf("kafka-streams puts changelog-acked rows=%d ms=%.0f rows_per_sec=%.0f"
+                            + " (first put to changelog end offset >= rows)%n", rows, ackedMs, rows / (ackedMs / 1e3));
+                } else {
+                    System.out.println("kafka-streams puts changelog-acked: the changelog end offset did not reach "
+                            + rows + " within 5 minutes");
+                }
+                // The headline: first put to last put, like kstate's clock (write calls only).
+                System.out.printf("kafka-streams puts rows=%d ms=%.0f rows_per_sec=%.0f%n", rows, firstToLastMs,
+                        rows / (firstToLastMs / 1e3));
+            }
+        } finally {
+            closeAndClean(streams, stateDir);
+        }
+        if (opts.containsKey("delete-topics")) {
+            deleteTopicsAndGroup(bootstrap, app, List.of(input, changelog));
+        }
+        return rc;
+    }
+
+    /** Counts the puts; records when the first and the last one happened. */
+    private static final class PutCounter {
+        final long target;
+        final AtomicLong count = new AtomicLong();
+        final CountDownLatch done = new CountDownLatch(1);
+        volatile long firstNs;
+        volatile long lastNs;
+
+        PutCounter(long target) {
+            this.target = target;
+        }
+
+        void onPut() {
+            long n = count.incrementAndGet();
+            if (n == 1) {
+                firstNs = System.nanoTime();
+            }
+            if (n == target) {
+                lastNs = System.nanoTime();
+                done.countDown();
+            }
+        }
+    }
+
+    private static void produce(String bootstrap, String topic, int rows, int valueSize, long seed)
+            throws Exception {
+        Random rng = new Random(seed);
+        long[] order = new long[rows];
+        for (int i = 0; i < rows; i++) {
+            order[i] = i;
+        }
+        for (int i = rows - 1; i > 0; i--) {
+            int j = rng.nextInt(i + 1);
+            long t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        byte[] pool = new byte[valueSize + 4096];
+        rng.nextBytes(pool);
+
+        Properties p = new Properties();
+        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ProducerConfig.ACKS_CONFIG, "all");
+        p.put(ProducerConfig.LINGER_MS_CONFIG, 20);
+        p.put(ProducerConfig.BATCH_SIZE_CONFIG, 1 << 20);
+        p.put(ProducerConfig.BUFFER_MEMORY_CONFIG, 128L << 20);
+        try (KafkaProducer<byte[], byte[]> producer =
+                new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer())) {
+            for (int i = 0; i < rows; i++) {
+                byte[] key = ByteBuffer.allocate(8).putLong(order[i]).array();
+                int off = (int) ((i * 61L) % 4096);
+                byte[] value = new byte[valueSize];
+                System.arraycopy(pool, off, value, 0, valueSize);
+                producer.send(new ProducerRecord<>(topic, 0, key, value));
+            }
+            producer.flush();
+        }
+        // A failed send surfaces only in its future; check that every record arrived instead.
+        try (Admin admin = admin(bootstrap)) {
+            long end = endOffset(admin, topic);
+            if (end != rows) {
+                throw new IllegalStateException("input topic " + topic + " has " + end + " records, wanted " + rows);
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ shared
+
+    /**
+     * APP-input -> put into STORE. "papi": a processor that calls put (the plain
+     * Stores.keyValueStoreBuilder store). "dsl": builder.table(input, Materialized.as(...)), whose
+     * source processor also reads the old value before each put.
+     */
+    private static Topology topology(String kind, String input, String store, PutCounter counter) {
+        StreamsBuilder builder = new StreamsBuilder();
+        Consumed<byte[], byte[]> consumed = Consumed.with(Serdes.ByteArray(), Serdes.ByteArray());
+        switch (kind) {
+            case "dsl" -> {
+                if (counter != null) {
+                    throw new IllegalArgumentException("--topology dsl counts no puts; use papi for puts");
+                }
+                builder.table(input, consumed,
+                        Materialized.<byte[], byte[]>as(Stores.persistentKeyValueStore(store))
+                                .withKeySerde(Serdes.ByteArray())
+                                .withValueSerde(Serdes.ByteArray())
+                                .withLoggingEnabled(Map.of())
+                                .withCachingDisabled());
+            }
+            case "papi" -> {
+                builder.addStateStore(Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore(store),
+                                Serdes.ByteArray(), Serdes.ByteArray())
+                        .withLoggingEnabled(Map.of())
+                        .withCachingDisabled());
+                builder.stream(input, consumed).process(() -> new PutProcessor(store, counter), store);
+            }
+            default -> throw new IllegalArgumentException("--topology must be dsl or papi, not " + kind);
+        }
+        return builder.build();
+    }
+
+    private static final class PutProcessor implements Processor<byte[], byte[], Void, Void> {
+        private final String storeName;
+        private final PutCounter counter;
+        private KeyValueStore<byte[], byte[]> kv;
+
+        PutProcessor(String storeName, PutCounter counter) {
+            this.storeName = storeName;
+            this.counter = counter;
+        }
+
+        @Override
+        public void init(ProcessorContext<Void, Void> context) {
+            kv = context.getStateStore(storeName);
+        }
+
+        @Override
+        public void process(Record<byte[], byte[]> record) {
+            kv.put(record.key(), record.value());
+            if (counter != null) {
+                counter.onPut();
+            }
+        }
+    }
+
+    private static Properties streamsProps(String bootstrap, String app, Path stateDir) {
+        Properties p = new Properties();
+        p.put(StreamsConfig.APPLICATION_ID_CONFIG, app);
+        p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.AT_LEAST_ONCE);
+        p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
+        p.put(StreamsConfig.STATE_DIR_CONFIG, stateDir.toString());
+        p.put(StreamsConfig.NUM_STANDBY_REPLICAS_CONFIG, 0);
+        p.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
+        p.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
+        p.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
+        p.put(StreamsConfig.consumerPrefix("auto.offset.reset"), "earliest");
+        // Streams keeps dynamic members in the group after close (it expects a restart); this one
+        // is done, so let it leave and --delete-topics delete the group.
+        p.put(StreamsConfig.mainConsumerPrefix("internal.leave.group.on.close"), true);
+        return p;
+    }
+
+    /** Records the first fatal error and shuts the client down on it. */
+    private static AtomicReference<Throwable> watch(KafkaStreams streams) {
+        AtomicReference<Throwable> failure = new AtomicReference<>();
+        streams.setUncaughtExceptionHandler(e -> {
+            failure.compareAndSet(null, e);
+            return StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
+        });
+        return failure;
+    }
+
+    /** Waits for the latch; false if the client failed or stopped first, or time ran out. */
+    private static boolean await(CountDownLatch latch, AtomicReference<Throwable> failure, KafkaStreams streams)
+            throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.MINUTES.toNanos(WAIT_MINUTES);
+        while (System.nanoTime() < deadline) {
+            if (latch.await(2, TimeUnit.MILLISECONDS)) {
+                return true;
+            }
+            KafkaStreams.State s = streams.state();
+            if (failure.get() != null || s == KafkaStreams.State.ERROR || s == KafkaStreams.State.NOT_RUNNING
+                    || s == KafkaStreams.State.PENDING_ERROR) {
+                return latch.getCount() == 0;
+            }
+        }
+        return false;
+    }
+
+    private static void closeAndClean(KafkaStreams streams, Path stateDir) {
+        // Leave the group on close, so that --delete-topics can also delete it.
+        streams.close(new KafkaStreams.CloseOptions().leaveGroup(true).timeout(java.time.Duration.ofMinutes(2)));
+        try {
+            deleteTree(stateDir);
+        } catch (IOException e) {
+            System.err.println("could not remove " + stateDir + ": " + e);
+        }
+    }
+
+    private static Admin admin(String bootstrap) {
+        Properties p = new Properties();
+        p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        return Admin.create(p);
+    }
+
+    private static void createIfMissing(Admin admin, String topic) throws Exception {
+        try {
+            admin.createTopics(List.of(new NewTopic(topic, 1, (short) 1))).all().get();
+        } catch (ExecutionException e) {
+            if (!(e.getCause() instanceof TopicExistsException)) {
+                throw e;
+            }
+        }
+    }
+
+    private static long endOffset(Admin admin, String topic) throws Exception {
+        TopicPartition tp = new TopicPartition(topic, 0);
+        return admin.listOffsets(Map.of(tp, OffsetSpec.latest())).partitionResult(tp).get().offset();
+    }
+
+    private static void deleteTopicsAndGroup(String bootstrap, String app, List<String> topics) {
+        try (Admin admin = admin(bootstrap)) {
+            try {
+                admin.deleteConsumerGroups(List.of(app)).all().get(30, TimeUnit.SECONDS);
+            } catch (Exception e) {
+                System.err.println("could not delete consumer group " + app + ": " + e);
+            }
+            List<String> existing = new ArrayList<>(topics);
+            existing.retainAll(admin.listTopics().names().get(30, TimeUnit.SECONDS));
+            admin.deleteTopics(existing).all().get(30, TimeUnit.SECONDS);
+            System.out.println("deleted topics " + existing);
+        } catch (Exception e) {
+            System.err.println("could not delete topics " + topics + ": " + e);
+        }
+    }
+
+    private static void deleteTree(Path root) throws IOException {
+        if (!Files.exists(root)) {
+            return;
+        }
+        Files.walkFileTree(root, new SimpleFileVisitor<>() {
+            @Override
+            public FileVisitResult visitFile(Path file, BasicFileAttributes attrs) throws IOException {
+                Files.delete(file);
+                return FileVisitResult.CONTINUE;
+            }
+
+            @Override
+            public FileVisitResult postVisitDirectory(Path dir, IOException exc) throws IOException {
+                Files.delete(dir);
+                return FileVisitResult.CONTINUE;
+            }
+        });
+    }
+}
