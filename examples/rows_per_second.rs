@@ -36,7 +36,9 @@ use hdrhistogram::Histogram;
 use kstate::kstate_core::{Batch, KeyValueStore};
 use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
 use kstate::kstate_rocksdb::rocksdb::{self, ColumnFamilyDescriptor, DB, WriteOptions};
-use kstate::kstate_rocksdb::{METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore};
+use kstate::kstate_rocksdb::{
+    Compression, METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore,
+};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngCore, SeedableRng};
@@ -54,10 +56,12 @@ struct Args {
     seed: u64,
     sync_rows: u64,
     restore_topic: Option<String>,
+    write_buffer_mb: Option<usize>,
+    compression: Option<Compression>,
 }
 
 const USAGE: &str = "usage: rows_per_second [--rows N] [--value-size BYTES] [--batch N] \
-[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME]";
+[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME] [--write-buffer-mb N] [--compression none|lz4|lz4-zstd]";
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -70,6 +74,8 @@ impl Args {
             seed: 543,
             sync_rows: 50_000,
             restore_topic: None,
+            write_buffer_mb: None,
+            compression: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -92,6 +98,17 @@ impl Args {
                 "--seed" => args.seed = number(&value)?,
                 "--sync-rows" => args.sync_rows = number(&value)?,
                 "--restore-topic" => args.restore_topic = Some(value),
+                "--write-buffer-mb" => {
+                    args.write_buffer_mb = Some(usize::try_from(number(&value)?)?)
+                }
+                "--compression" => {
+                    args.compression = Some(match value.as_str() {
+                        "none" => Compression::None,
+                        "lz4" => Compression::Lz4,
+                        "lz4-zstd" => Compression::Lz4ThenZstd,
+                        other => bail!("--compression: '{other}' is not none, lz4 or lz4-zstd"),
+                    })
+                }
                 "--dir" => args.dir = Some(PathBuf::from(value)),
                 "--configs" => {
                     args.configs = value.split(',').map(str::to_string).collect();
@@ -104,6 +121,20 @@ impl Args {
         }
         Ok(args)
     }
+}
+
+/// The store options of every configuration: the defaults, or the ones the flags sweep, with a
+/// fresh budget each, so no configuration inherits another's warm cache.
+fn store_options(args: &Args) -> RocksDbOptions {
+    let mut options =
+        RocksDbOptions::default().memory_budget(MemoryBudget::new(256 << 20, 128 << 20));
+    if let Some(mb) = args.write_buffer_mb {
+        options = options.write_buffer_size(mb << 20);
+    }
+    if let Some(compression) = args.compression {
+        options = options.compression(compression);
+    }
+    options
 }
 
 /// Where rows go: a store, or a bare RocksDB for the baselines.
@@ -381,9 +412,7 @@ fn main() -> Result<()> {
             args.rows
         };
         let dir = base.path().join(config.name);
-        // A fresh budget per configuration, so no run inherits another's warm cache.
-        let options =
-            RocksDbOptions::default().memory_budget(MemoryBudget::new(256 << 20, 128 << 20));
+        let options = store_options(&args);
         println!("config {}", config.name);
         let mut sink = (config.open)(&dir, &options, &context)
             .with_context(|| format!("{}: open {}", config.name, dir.display()))?;
@@ -420,7 +449,7 @@ fn main() -> Result<()> {
         }
     }
     if args.configs.iter().any(|c| c == RESTORED_CONFIG) && context.bootstrap.is_some() {
-        measure_restore(&context, base.path())?;
+        measure_restore(&context, base.path(), &args)?;
     }
     if !skipped.is_empty() {
         println!(
@@ -434,14 +463,14 @@ fn main() -> Result<()> {
 
 /// Restores the `logged-group` changelog into an empty directory, then reads the same partition
 /// with a bare consumer, so the two rates compare within one run.
-fn measure_restore(context: &RunContext, base: &Path) -> Result<()> {
+fn measure_restore(context: &RunContext, base: &Path, args: &Args) -> Result<()> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Message, Offset, TopicPartitionList};
 
     let servers = context.bootstrap.as_deref().context("no broker")?;
     let topic = context.topic(RESTORED_CONFIG);
     let dir = base.join("restore");
-    let options = RocksDbOptions::default().memory_budget(MemoryBudget::new(256 << 20, 128 << 20));
+    let options = store_options(args);
     let store = LoggedStore::open(&dir, &options, ChangelogConfig::new(servers, &topic, 0))?;
     let report = store.restore_report().clone();
     store.close()?;
