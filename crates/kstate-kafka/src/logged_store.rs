@@ -315,10 +315,6 @@ impl Shared {
                 }
             },
         };
-        let mut batch = Batch::with_capacity(frozen.len());
-        for (k, v) in frozen.iter() {
-            batch.push(k.clone(), v.clone());
-        }
         let position = ChangelogPosition {
             topic: self.config.topic.clone(),
             partition: self.config.partition,
@@ -329,7 +325,8 @@ impl Shared {
             .iter()
             .map(|(k, v)| (*k, Some(v.as_slice())))
             .collect();
-        self.store.write_with_metadata(batch, &meta)?;
+        let data = frozen.iter().map(|(k, v)| (k.as_slice(), v.as_deref()));
+        self.store.write_with_metadata(data, &meta)?;
         lock(&self.state).frozen = None;
         metrics::histogram!("kstate_commit_seconds").record(started.elapsed().as_secs_f64());
         Ok(())

@@ -26,7 +26,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kstate_core::{Batch, BoxError, KeyValueStore};
+use kstate_core::{BoxError, KeyValueStore};
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 use rdkafka::Offset;
 use rdkafka::TopicPartitionList;
@@ -204,11 +204,7 @@ pub(crate) fn restore(
 
         // An empty store takes the bulk path: chunks sorted here and ingested as SST files,
         // skipping the memtable (whose skiplist inserts dominate a random-order restore).
-        let mut batch = if bulk {
-            Pending::Bulk(Chunk::default())
-        } else {
-            Pending::Batched(Batch::with_capacity(config.restore_batch_records))
-        };
+        let mut batch = Chunk::default();
         let chunk_records = if bulk {
             config.bulk_chunk_records
         } else {
@@ -217,13 +213,11 @@ pub(crate) fn restore(
         let mut last_offset = start_offset - 1;
         let mut last_progress = Instant::now();
         let mut progress_offset = last_offset;
-        let mut write_batch = |batch: &mut Pending,
-                               last_offset: i64|
-         -> Result<(), ChangelogError> {
-            if batch.len() == 0 {
+        let mut write_batch = |batch: &mut Chunk, last_offset: i64| -> Result<(), ChangelogError> {
+            if batch.records.is_empty() {
                 return Ok(());
             }
-            let n = batch.len();
+            let n = batch.records.len();
             let position = ChangelogPosition {
                 topic: topic.to_string(),
                 partition,
@@ -234,18 +228,15 @@ pub(crate) fn restore(
                 .iter()
                 .map(|(k, v)| (*k, Some(v.as_slice())))
                 .collect();
-            match batch {
-                Pending::Batched(b) => {
-                    let full =
-                        std::mem::replace(b, Batch::with_capacity(config.restore_batch_records));
-                    store.write_with_metadata(full, &meta)?;
-                }
-                Pending::Bulk(chunk) => {
-                    store.ingest_sorted(chunk.sorted_last_wins())?;
-                    store.write_with_metadata(Batch::new(), &meta)?;
-                    chunk.clear();
-                }
+            if bulk {
+                // Sorted, newest record of each key only, as one SST file; then the position.
+                store.ingest_sorted(batch.sorted_last_wins())?;
+                store.write_with_metadata(std::iter::empty(), &meta)?;
+            } else {
+                // In changelog order, atomically with the position.
+                store.write_with_metadata(batch.in_order(), &meta)?;
             }
+            batch.clear();
             records += n as u64;
             batches += 1;
             metrics::counter!("kstate_restore_records_total", "topic" => topic.to_string())
@@ -285,7 +276,7 @@ pub(crate) fn restore(
                     }
                     batch.push(key, value);
                     last_offset = offset;
-                    if batch.len() >= chunk_records {
+                    if batch.records.len() >= chunk_records {
                         write_batch(&mut batch, last_offset)?;
                     }
                     if offset + 1 >= high {
@@ -349,35 +340,9 @@ fn position_reached(consumer: &BaseConsumer, topic: &str, partition: i32, end: i
         .unwrap_or(false)
 }
 
-/// Records read but not yet written.
-enum Pending {
-    /// For a store with data: one `WriteBatch`, atomic with its position.
-    Batched(Batch),
-    /// For an empty store: a chunk in changelog order, sorted and ingested as one SST file.
-    Bulk(Chunk),
-}
-
-impl Pending {
-    fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
-        match self {
-            Pending::Batched(batch) => {
-                batch.push(key.to_vec(), value.map(<[u8]>::to_vec));
-            }
-            Pending::Bulk(chunk) => chunk.push(key, value),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Pending::Batched(batch) => batch.len(),
-            Pending::Bulk(chunk) => chunk.records.len(),
-        }
-    }
-}
-
-/// A bulk chunk: every key and value in one buffer, records as offsets into it, so a chunk of
-/// 250,000 records is two allocations instead of half a million (the allocator showed up in the
-/// profile).
+/// Records read but not yet written: every key and value in one buffer, records as offsets into
+/// it, so a chunk of 250,000 records is two allocations instead of half a million (the allocator
+/// showed up in the profile).
 #[derive(Default)]
 struct Chunk {
     bytes: Vec<u8>,
@@ -408,6 +373,11 @@ impl Chunk {
 
     fn key(&self, r: &ChunkRecord) -> &[u8] {
         &self.bytes[r.start..r.start + r.key_len as usize]
+    }
+
+    /// The records in the order they were read (the changelog's).
+    fn in_order(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.records.iter().map(|r| (self.key(r), self.value(r)))
     }
 
     fn value(&self, r: &ChunkRecord) -> Option<&[u8]> {

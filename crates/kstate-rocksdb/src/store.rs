@@ -124,17 +124,24 @@ impl RocksDbStore {
             })
     }
 
-    /// Applies `batch` to the data and `metadata` (key → value, or `None` to remove) to the
-    /// metadata column family in one atomic RocksDB write: after a crash both or neither are
-    /// there.
-    pub fn write_with_metadata(
+    /// Applies `data` (key → value, or `None` to delete; later entries win) and `metadata` (to
+    /// the metadata column family) in one atomic RocksDB write: after a crash both or neither are
+    /// there. Takes borrowed entries, so callers holding them elsewhere (an overlay, a restore
+    /// chunk) do not copy them first.
+    pub fn write_with_metadata<'e>(
         &self,
-        batch: Batch,
+        data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
         metadata: &[(&[u8], Option<&[u8]>)],
     ) -> Result<()> {
         self.check_open()?;
         let meta = self.metadata_cf()?;
-        let mut wb = to_write_batch(batch);
+        let mut wb = WriteBatch::default();
+        for (k, v) in data {
+            match v {
+                Some(v) => wb.put(k, v),
+                None => wb.delete(k),
+            }
+        }
         for (k, v) in metadata {
             match v {
                 Some(v) => wb.put_cf(meta, k, v),
