@@ -108,7 +108,10 @@ impl ChangelogConfig {
         self
     }
 
-    /// How long the producer waits to fill a batch (`linger.ms`, default 5 ms).
+    /// How long the producer waits to fill a batch (`linger.ms`, default 0). Under load the
+    /// producer batches anyway (records queue while requests are in flight); a linger only adds
+    /// latency to each `sync` put, which measured 5.4 ms per put with librdkafka's 5 ms default
+    /// against 0.1 ms with 0.
     pub fn linger(mut self, linger: Duration) -> Self {
         self.linger = linger;
         self
@@ -138,8 +141,10 @@ impl ChangelogConfig {
     }
 
     /// Sets any librdkafka property on the producer, consumer and admin clients (security
-    /// settings, for example). The properties the changelog depends on (`acks`,
-    /// `enable.idempotence`, `isolation.level`) cannot be overridden.
+    /// settings, or `compression.type`, default `lz4`). The properties the changelog depends on
+    /// (`acks`, `enable.idempotence`, `max.in.flight.requests.per.connection`,
+    /// `message.timeout.ms`, `linger.ms`, `message.max.bytes`, `isolation.level`) are set by the
+    /// store and cannot be overridden; use the dedicated setters.
     pub fn client_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.client_overrides.insert(key.into(), value.into());
         self

@@ -177,6 +177,11 @@ impl ChangelogProducer {
             where_: format!("{}/{}", config.topic, config.partition),
         };
         let mut client = config.client_config();
+        // Defaults a user may override through `client_property`.
+        if !config.client_overrides.contains_key("compression.type") {
+            client.set("compression.type", "lz4");
+        }
+        // What the commit protocol depends on: never overridden.
         client
             .set("acks", "all")
             .set("enable.idempotence", "true")
@@ -186,7 +191,6 @@ impl ChangelogProducer {
                 config.delivery_timeout.as_millis().to_string(),
             )
             .set("linger.ms", config.linger.as_millis().to_string())
-            .set("compression.type", "lz4")
             .set(
                 "message.max.bytes",
                 (config.max_record_bytes + crate::config::RECORD_OVERHEAD)
