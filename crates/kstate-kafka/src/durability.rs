@@ -16,6 +16,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// The shortest `group` interval accepted from text.
+pub const MIN_GROUP_INTERVAL: Duration = Duration::from_micros(100);
+
 /// The default interval of `group` mode.
 pub const DEFAULT_GROUP_INTERVAL: Duration = Duration::from_millis(10);
 
@@ -40,7 +43,7 @@ impl Default for Durability {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "invalid durability mode {text:?}: {problem}; accepted: \"async\", \"sync\", \"group\" \
-     (every 10ms) or \"group:<duration>\" with a positive duration in ns, us, ms, s or m, e.g. \"group:10ms\""
+     (every 10ms) or \"group:<duration>\" with a duration of at least 100us in us, ms, s or m, e.g. \"group:10ms\""
 )]
 pub struct ParseDurabilityError {
     /// The text given.
@@ -95,6 +98,11 @@ fn parse_duration(text: &str) -> Result<Duration, &'static str> {
     if duration.is_zero() {
         return Err("the duration must be positive");
     }
+    if duration < MIN_GROUP_INTERVAL {
+        return Err(
+            "the duration must be at least 100us (shorter intervals only spin the commit thread)",
+        );
+    }
     Ok(duration)
 }
 
@@ -142,6 +150,7 @@ mod tests {
             "group:-5ms",
             "sync extra",
             "group:0ms",
+            "group:1ns",
             "group:10",
             "group:10h",
             "",

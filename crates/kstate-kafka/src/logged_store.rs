@@ -260,10 +260,13 @@ impl Shared {
         }
         let (my_seq, full) = {
             let mut state = lock(&self.state);
+            // Checked again under the lock: `close` sets it under this lock, so no write can
+            // slip in after the final commit and be dropped with the producer.
+            self.check_open()?;
             for (key, value) in batch.into_mutations() {
                 let seq = state.sent_seq + 1;
                 self.producer
-                    .send(seq, &key, value.as_deref())
+                    .send(seq, &key, value.as_deref(), self.config.delivery_timeout)
                     .map_err(|reason| self.poisoned(reason))?;
                 state.sent_seq = seq;
                 state.active.insert(key, value);
@@ -276,8 +279,6 @@ impl Shared {
             self.commit()?;
         }
         if *lock(&self.mode) == Durability::Sync {
-            // Send now rather than after linger.ms, then wait for this write's acknowledgement.
-            self.producer.send_now();
             self.producer
                 .tracker
                 .wait_for(my_seq, self.ack_timeout())
@@ -301,7 +302,12 @@ impl Shared {
             state.frozen = Some(frozen.clone());
             // No record after sent_seq can be sent while we hold the state lock, so the tracker
             // can tell us the offset of exactly this snapshot's last record.
-            (frozen, self.producer.tracker.watch(state.sent_seq))
+            let known = self
+                .producer
+                .tracker
+                .watch(state.sent_seq)
+                .map_err(|reason| self.poisoned(reason))?;
+            (frozen, known)
         };
         metrics::gauge!("kstate_changelog_in_flight").set(f64::from(self.producer.in_flight()));
         let offset = match known_offset {
@@ -326,7 +332,13 @@ impl Shared {
             .map(|(k, v)| (*k, Some(v.as_slice())))
             .collect();
         let data = frozen.iter().map(|(k, v)| (k.as_slice(), v.as_deref()));
-        self.store.write_with_metadata(data, &meta)?;
+        if let Err(e) = self.store.write_with_metadata(data, &meta) {
+            // The frozen entries are acknowledged but not in RocksDB. Going on would let the next
+            // commit store an offset past them; refuse writes instead (reopen restores them).
+            let reason = format!("commit could not write to RocksDB: {e}");
+            self.producer.tracker.poison(reason.clone());
+            return Err(self.poisoned(reason));
+        }
         lock(&self.state).frozen = None;
         metrics::histogram!("kstate_commit_seconds").record(started.elapsed().as_secs_f64());
         Ok(())
@@ -399,7 +411,10 @@ impl KeyValueStore for LoggedStore {
 
     fn approximate_len(&self) -> Result<u64> {
         self.shared.check_open()?;
-        let pending = lock(&self.shared.state).active.len() as u64;
+        let pending = {
+            let state = lock(&self.shared.state);
+            state.active.len() + state.frozen.as_ref().map_or(0, |f| f.len())
+        } as u64;
         Ok(self.shared.store.approximate_len()? + pending)
     }
 
@@ -409,15 +424,19 @@ impl KeyValueStore for LoggedStore {
         self.shared.store.flush()
     }
 
-    /// Commits, stops the commit timer, and closes RocksDB.
+    /// Refuses further writes, commits what was written, stops the commit timer and closes
+    /// RocksDB. A failed commit is reported (the writes are in the changelog and the next open
+    /// restores them); RocksDB is closed either way.
     fn close(&self) -> Result<()> {
-        if self.shared.closed.load(Ordering::Acquire) {
-            return Ok(());
+        {
+            let _state = lock(&self.shared.state);
+            if self.shared.closed.swap(true, Ordering::AcqRel) {
+                return Ok(());
+            }
         }
         let committed = self.shared.commit();
         self.stop_committer();
-        self.shared.closed.store(true, Ordering::Release);
-        committed?;
-        self.shared.store.close()
+        let closed = self.shared.store.close();
+        committed.and(closed)
     }
 }

@@ -82,14 +82,17 @@ impl AckTracker {
     /// The offset of record `seq`, waiting for its acknowledgement. Must be called before any
     /// record after `seq` is sent (the store calls it with its state lock held while
     /// registering), then waited on with [`AckTracker::wait_for_watched`].
-    pub(crate) fn watch(&self, seq: u64) -> Option<i64> {
+    pub(crate) fn watch(&self, seq: u64) -> Result<Option<i64>, String> {
         let mut acks = self.lock();
+        if let Some(reason) = &acks.poisoned {
+            return Err(reason.clone());
+        }
         if acks.acked_seq == seq {
-            return acks.last_offset;
+            return Ok(acks.last_offset);
         }
         acks.watch = Some(seq);
         acks.watched_offset = None;
-        None
+        Ok(None)
     }
 
     pub(crate) fn wait_for_watched(&self, timeout: Duration) -> Result<i64, String> {
@@ -119,17 +122,23 @@ impl AckTracker {
 
     fn delivered(&self, seq: u64, offset: i64) {
         let mut acks = self.lock();
-        if seq != acks.acked_seq + 1 && acks.poisoned.is_none() {
-            // The idempotent producer acknowledges in order; anything else breaks the offset
-            // bookkeeping, so refuse to go on rather than store a wrong position.
+        if acks.poisoned.is_some() {
+            // Past a failed record nothing counts as acknowledged: a commit must never cover it.
+            return;
+        }
+        if seq != acks.acked_seq + 1 || offset < 0 {
+            // The idempotent producer acknowledges in order with real offsets; anything else
+            // breaks the offset bookkeeping, so refuse to go on rather than store a wrong position.
             let reason = format!(
-                "acknowledgement for record {seq} arrived after record {}",
+                "acknowledgement for record {seq} (offset {offset}) arrived after record {}",
                 acks.acked_seq
             );
             tracing::error!(%reason, "changelog poisoned");
             acks.poisoned = Some(reason);
+            self.changed.notify_all();
+            return;
         }
-        acks.acked_seq = acks.acked_seq.max(seq);
+        acks.acked_seq = seq;
         acks.last_offset = Some(offset);
         if acks.watch == Some(seq) {
             acks.watched_offset = Some(offset);
@@ -185,6 +194,9 @@ impl ChangelogProducer {
         client
             .set("acks", "all")
             .set("enable.idempotence", "true")
+            // A record that fails after retries fails the producer: later records are never
+            // delivered over a gap (librdkafka would otherwise go on past it).
+            .set("enable.gapless.guarantee", "true")
             .set("max.in.flight.requests.per.connection", "5")
             .set(
                 "message.timeout.ms",
@@ -215,19 +227,39 @@ impl ChangelogProducer {
     }
 
     /// Queues one record (a tombstone when `value` is `None`) with sequence number `seq`. Waits
-    /// while librdkafka's queue is full; any other failure poisons.
-    pub(crate) fn send(&self, seq: u64, key: &[u8], value: Option<&[u8]>) -> Result<(), String> {
+    /// while librdkafka's queue is full, up to `queue_timeout`; any other failure poisons, and a
+    /// poisoned changelog takes no more records.
+    pub(crate) fn send(
+        &self,
+        seq: u64,
+        key: &[u8],
+        value: Option<&[u8]>,
+        queue_timeout: Duration,
+    ) -> Result<(), String> {
         let mut record = BaseRecord::with_opaque_to(&self.topic, seq as usize)
             .partition(self.partition)
             .key(key);
         if let Some(value) = value {
             record = record.payload(value);
         }
+        let mut deadline = None;
         loop {
+            if let Some(reason) = self.tracker.poisoned() {
+                return Err(reason);
+            }
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
+                    let deadline = *deadline.get_or_insert_with(|| Instant::now() + queue_timeout);
+                    if Instant::now() >= deadline {
+                        let reason = format!(
+                            "changelog {}/{}: the producer queue stayed full for {queue_timeout:?}",
+                            self.topic, self.partition
+                        );
+                        self.tracker.poison(reason.clone());
+                        return Err(reason);
+                    }
                     // The producer's own thread drains the queue; give it a moment.
                     std::thread::sleep(Duration::from_micros(200));
                 }
@@ -241,14 +273,6 @@ impl ChangelogProducer {
                 }
             }
         }
-    }
-
-    /// Wakes the producer to send what is queued now instead of after `linger.ms`, without
-    /// waiting (`sync` mode, where the linger would be pure latency). A zero-timeout
-    /// `rd_kafka_flush` does exactly that: it flags the queues for immediate transmission and
-    /// returns "timed out" at once, which is expected here.
-    pub(crate) fn send_now(&self) {
-        let _ = self.producer.flush(Duration::ZERO);
     }
 
     /// Records queued or in flight.

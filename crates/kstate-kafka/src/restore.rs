@@ -14,6 +14,12 @@
 //!    reaches the end: offsets held by transaction markers or compacted away never hold it up.
 //! 5. Report to the [`RestoreListener`], through `tracing` spans and `metrics`.
 //!
+//! Limits of the trust rules, which only see offsets: a topic deleted, recreated and grown past
+//! the stored offset before the store reopens is not detected (the metadata holds no topic id);
+//! and a store offline for longer than the topic's `delete.retention.ms` (24 h by default) can
+//! miss tombstones that compaction removed meanwhile, so deleted keys may come back. Rebuild such
+//! stores (delete the directory) rather than resume them.
+//!
 //! An empty store (nothing stored yet, or wiped for a rebuild) takes the bulk path of DESIGN.md
 //! step 5, chosen by profile: chunks of
 //! [`bulk_chunk_records`](crate::ChangelogConfig::bulk_chunk_records) records are sorted (newest record of
@@ -130,7 +136,9 @@ pub(crate) fn restore(
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
+        // If the log start moves past the position while restoring, fail instead of skipping
+        // records silently; the next open then sees the truncation and rebuilds.
+        .set("auto.offset.reset", "error")
         .set("fetch.max.bytes", "67108864")
         .set("max.partition.fetch.bytes", "16777216")
         .set("queued.min.messages", "200000")
@@ -232,6 +240,10 @@ pub(crate) fn restore(
                 // Sorted, newest record of each key only, as one SST file; then the position.
                 store.ingest_sorted(batch.sorted_last_wins())?;
                 store.write_with_metadata(std::iter::empty(), &meta)?;
+                // The SST is durable at once, the position only once flushed: flush it now, so
+                // a crash later resumes here instead of finding data without a position (which
+                // would force a full rebuild).
+                store.flush()?;
             } else {
                 // In changelog order, atomically with the position.
                 store.write_with_metadata(batch.in_order(), &meta)?;
@@ -286,12 +298,14 @@ pub(crate) fn restore(
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {
                     // Markers and compacted-away offsets leave gaps: the position, not the last
                     // record, says whether the end is reached.
-                    if position_reached(&consumer, topic, partition, high) {
+                    let position = consumer_position(&consumer, topic, partition);
+                    if position.is_some_and(|p| p >= high) {
                         break;
                     }
-                    if last_offset != progress_offset {
+                    let progress = position.unwrap_or(last_offset).max(last_offset);
+                    if progress != progress_offset {
                         // Read the clock only when idle, never per record.
-                        (progress_offset, last_progress) = (last_offset, Instant::now());
+                        (progress_offset, last_progress) = (progress, Instant::now());
                     } else if last_progress.elapsed() > config.open_timeout {
                         return Err(kafka(
                             "restore (no progress within the open timeout)",
@@ -301,7 +315,21 @@ pub(crate) fn restore(
                         ));
                     }
                 }
-                Some(Err(e)) => return Err(kafka("restore read", e)),
+                Some(Err(e @ KafkaError::MessageConsumption(code)))
+                    if code == rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange
+                        || code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset =>
+                {
+                    return Err(kafka(
+                        "restore read (the log moved past the restore position)",
+                        e,
+                    ));
+                }
+                Some(Err(e)) => {
+                    // Transient client errors (a broker restarting, a connection dropped) are
+                    // retried by librdkafka; the stall timeout above ends a restore that stops
+                    // making progress.
+                    tracing::warn!(error = %e, "restore read error; retrying");
+                }
             }
         }
         write_batch(&mut batch, last_offset)?;
@@ -327,17 +355,13 @@ pub(crate) fn restore(
     Ok((store, report))
 }
 
-fn position_reached(consumer: &BaseConsumer, topic: &str, partition: i32, end: i64) -> bool {
-    let Ok(positions) = consumer.position() else {
-        return false;
-    };
-    positions
-        .find_partition(topic, partition)
-        .and_then(|p| match p.offset() {
-            Offset::Offset(o) => Some(o >= end),
-            _ => None,
-        })
-        .unwrap_or(false)
+/// The consumer's next offset in the partition, once it has one.
+fn consumer_position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+    let positions = consumer.position().ok()?;
+    match positions.find_partition(topic, partition)?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
 }
 
 /// Records read but not yet written: every key and value in one buffer, records as offsets into

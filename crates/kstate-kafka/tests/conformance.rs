@@ -1,6 +1,7 @@
 //! The conformance kit and the BTreeMap model test, run against `LoggedStore` on a real broker:
 //! the overlay merge must be indistinguishable from a plain store, before and after commits and
-//! reopens (a reopen restores from the changelog).
+//! reopens: clean ones, ones without `close` (the uncommitted tail is replayed), and ones from a
+//! deleted directory (the whole store is rebuilt from the changelog).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
@@ -12,19 +13,33 @@ use kstate_core::testkit::Harness;
 use kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
 use kstate_rocksdb::RocksDbOptions;
 
+/// How the harness reopens a store.
+#[derive(Clone, Copy)]
+enum Reopen {
+    /// `close`, then open: nothing to replay.
+    Close,
+    /// Drop without `close`, as a crash would: uncommitted writes are replayed from the
+    /// changelog (use with `sync`, so every write was acknowledged before the drop).
+    DropWithoutClose,
+    /// `close`, delete the directory, open: the whole store comes back from the changelog.
+    WipeDirectory,
+}
+
 struct LoggedHarness {
     dir: tempfile::TempDir,
     opened: usize,
     mode: Durability,
+    reopen: Reopen,
     open_stores: Vec<(PathBuf, String)>,
 }
 
 impl LoggedHarness {
-    fn new(mode: Durability) -> Self {
+    fn new(mode: Durability, reopen: Reopen) -> Self {
         LoggedHarness {
             dir: tempfile::tempdir().unwrap(),
             opened: 0,
             mode,
+            reopen,
             open_stores: Vec::new(),
         }
     }
@@ -60,22 +75,43 @@ impl Harness for LoggedHarness {
             .find(|(p, _)| name.starts_with(&format!("{} (", p.display())))
             .cloned()
             .unwrap();
-        store.close().unwrap();
+        match self.reopen {
+            Reopen::Close => store.close().unwrap(),
+            Reopen::DropWithoutClose => {}
+            Reopen::WipeDirectory => store.close().unwrap(),
+        }
         drop(store);
+        if let Reopen::WipeDirectory = self.reopen {
+            std::fs::remove_dir_all(&path).unwrap();
+        }
         LoggedStore::open(&path, &RocksDbOptions::default(), self.config(&topic)).unwrap()
     }
 }
 
 mod async_mode {
     use super::*;
-    kstate_core::conformance_tests!(LoggedHarness::new(Durability::Async));
-    kstate_core::model_tests!(LoggedHarness::new(Durability::Async), cases = 24);
+    kstate_core::conformance_tests!(LoggedHarness::new(Durability::Async, Reopen::Close));
+    kstate_core::model_tests!(
+        LoggedHarness::new(Durability::Async, Reopen::Close),
+        cases = 24
+    );
 }
 
-mod group_mode {
+mod group_mode_rebuilt_from_the_changelog {
     use super::*;
     kstate_core::model_tests!(
-        LoggedHarness::new(Durability::Group(Duration::from_millis(1))),
-        cases = 24
+        LoggedHarness::new(
+            Durability::Group(Duration::from_millis(1)),
+            Reopen::WipeDirectory
+        ),
+        cases = 16
+    );
+}
+
+mod sync_mode_dropped_without_close {
+    use super::*;
+    kstate_core::model_tests!(
+        LoggedHarness::new(Durability::Sync, Reopen::DropWithoutClose),
+        cases = 16
     );
 }

@@ -12,8 +12,13 @@ use serde::de::DeserializeOwned;
 use super::Codec;
 use crate::error::BoxError;
 
+/// The most a decode may allocate for one value. bincode trusts length prefixes, so without a
+/// limit a few corrupt bytes claiming a huge length abort the process on allocation instead of
+/// returning an error. Values this large do not fit a Kafka record anyway.
+pub const DECODE_LIMIT: usize = 256 << 20;
+
 /// serde values encoded with bincode's standard configuration (little-endian, variable-length
-/// integers).
+/// integers), decoded with a [`DECODE_LIMIT`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Bincode;
 
@@ -25,7 +30,8 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Bincode {
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<T, BoxError> {
-        let (value, read) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())?;
+        let config = bincode::config::standard().with_limit::<DECODE_LIMIT>();
+        let (value, read) = bincode::serde::decode_from_slice(bytes, config)?;
         if read != bytes.len() {
             return Err(format!(
                 "{} trailing bytes after a {}-byte value",
@@ -61,6 +67,14 @@ mod tests {
         Bincode.encode(&click, &mut bytes).unwrap();
         let back: Click = Bincode.decode(&bytes).unwrap();
         assert_eq!(back, click);
+    }
+
+    #[test]
+    fn a_corrupt_length_prefix_is_an_error_not_an_abort() {
+        // A Vec<u8> claiming u64::MAX / 2 elements: varint tag 253 then a u64.
+        let mut bytes = vec![253u8];
+        bytes.extend_from_slice(&(u64::MAX / 2).to_le_bytes());
+        assert!(Codec::<Vec<u8>>::decode(&Bincode, &bytes).is_err());
     }
 
     #[test]
