@@ -4,8 +4,12 @@
 //!
 //! ```text
 //! cargo run --release --example rows_per_second -- [--rows N] [--value-size BYTES] [--batch N]
-//!     [--configs a,b,...] [--dir PATH] [--seed N]
+//!     [--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME]
+//!     [--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--json PATH]
 //! ```
+//!
+//! `--json PATH` also writes every result (with the progress points) for machines;
+//! `benches/chart.py` turns it into the cumulative-rows-against-time chart.
 //!
 //! Configurations (one list, one write loop; later work adds the changelog configurations):
 //! - `rocksdb-wal`: a bare `rocksdb::DB` with the store's options but the WAL **on**. The only
@@ -58,10 +62,11 @@ struct Args {
     restore_topic: Option<String>,
     write_buffer_mb: Option<usize>,
     compression: Option<Compression>,
+    json: Option<PathBuf>,
 }
 
 const USAGE: &str = "usage: rows_per_second [--rows N] [--value-size BYTES] [--batch N] \
-[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME] [--write-buffer-mb N] [--compression none|lz4|lz4-zstd]";
+[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME] [--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--json PATH]";
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -76,6 +81,7 @@ impl Args {
             restore_topic: None,
             write_buffer_mb: None,
             compression: None,
+            json: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -98,6 +104,7 @@ impl Args {
                 "--seed" => args.seed = number(&value)?,
                 "--sync-rows" => args.sync_rows = number(&value)?,
                 "--restore-topic" => args.restore_topic = Some(value),
+                "--json" => args.json = Some(PathBuf::from(value)),
                 "--write-buffer-mb" => {
                     args.write_buffer_mb = Some(usize::try_from(number(&value)?)?)
                 }
@@ -329,6 +336,42 @@ struct Outcome {
     elapsed: Duration,
     finish: Duration,
     latency_ns: Histogram<u64>,
+    /// (rows, elapsed ms) at every progress line.
+    progress: Vec<(u64, f64)>,
+}
+
+/// One configuration's results, as `--json` writes them.
+#[derive(serde::Serialize)]
+struct ConfigResult {
+    config: &'static str,
+    rows: u64,
+    ms: f64,
+    rows_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    max_us: f64,
+    flush_ms: f64,
+    progress: Vec<(u64, f64)>,
+}
+
+/// The restore measurement, as `--json` writes it.
+#[derive(serde::Serialize)]
+struct RestoreResult {
+    records: u64,
+    ms: f64,
+    records_per_sec: f64,
+    bare_consumer_records_per_sec: f64,
+}
+
+/// Everything one run measured, for `--json`.
+#[derive(serde::Serialize)]
+struct RunResult {
+    rows: u64,
+    value_size: usize,
+    batch: usize,
+    configs: Vec<ConfigResult>,
+    restore: Option<RestoreResult>,
 }
 
 fn run(
@@ -342,6 +385,7 @@ fn run(
     let start = Instant::now();
     let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(batch);
     let mut next_report = PROGRESS_EVERY;
+    let mut progress = Vec::new();
     for i in 0..rows {
         let (key, value) = work.row(i);
         let call = Instant::now();
@@ -357,7 +401,9 @@ fn run(
         latency_ns.saturating_record(call.elapsed().as_nanos() as u64);
         let done = i as u64 + 1;
         if done == next_report {
-            println!("{done} rows in {} ms", start.elapsed().as_millis());
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            println!("{done} rows in {ms:.0} ms");
+            progress.push((done, ms));
             next_report += PROGRESS_EVERY;
         }
     }
@@ -368,6 +414,7 @@ fn run(
         elapsed,
         finish: finish_start.elapsed(),
         latency_ns,
+        progress,
     })
 }
 
@@ -399,6 +446,7 @@ fn main() -> Result<()> {
         restore_topic: args.restore_topic.clone(),
     };
     let mut summaries = Vec::new();
+    let mut results = Vec::new();
     let mut skipped = Vec::new();
     for name in &args.configs {
         let config = config(name).context("configuration vanished")?;
@@ -439,6 +487,18 @@ fn main() -> Result<()> {
             outcome.finish.as_secs_f64() * 1e3
         );
         summaries.push((config.name, rows_per_sec));
+        results.push(ConfigResult {
+            config: config.name,
+            rows,
+            ms,
+            rows_per_sec,
+            p50_us: us(0.50),
+            p99_us: us(0.99),
+            p999_us: us(0.999),
+            max_us: h.max() as f64 / 1e3,
+            flush_ms: outcome.finish.as_secs_f64() * 1e3,
+            progress: outcome.progress,
+        });
     }
     if let Some((_, baseline)) = summaries.iter().find(|(n, _)| *n == "rocksdb-wal") {
         for (name, rate) in &summaries {
@@ -448,8 +508,23 @@ fn main() -> Result<()> {
             );
         }
     }
-    if args.configs.iter().any(|c| c == RESTORED_CONFIG) && context.bootstrap.is_some() {
-        measure_restore(&context, base.path(), &args)?;
+    let restore =
+        if args.configs.iter().any(|c| c == RESTORED_CONFIG) && context.bootstrap.is_some() {
+            Some(measure_restore(&context, base.path(), &args)?)
+        } else {
+            None
+        };
+    if let Some(path) = &args.json {
+        let run = RunResult {
+            rows: args.rows,
+            value_size: args.value_size,
+            batch: args.batch,
+            configs: results,
+            restore,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&run)?)
+            .with_context(|| format!("write {}", path.display()))?;
+        println!("wrote {}", path.display());
     }
     if !skipped.is_empty() {
         println!(
@@ -463,7 +538,7 @@ fn main() -> Result<()> {
 
 /// Restores the `logged-group` changelog into an empty directory, then reads the same partition
 /// with a bare consumer, so the two rates compare within one run.
-fn measure_restore(context: &RunContext, base: &Path, args: &Args) -> Result<()> {
+fn measure_restore(context: &RunContext, base: &Path, args: &Args) -> Result<RestoreResult> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Message, Offset, TopicPartitionList};
 
@@ -511,5 +586,10 @@ fn measure_restore(context: &RunContext, base: &Path, args: &Args) -> Result<()>
         start.elapsed().as_millis(),
         report.records_per_sec() / rate
     );
-    Ok(())
+    Ok(RestoreResult {
+        records: report.records,
+        ms: report.elapsed.as_secs_f64() * 1e3,
+        records_per_sec: report.records_per_sec(),
+        bare_consumer_records_per_sec: rate,
+    })
 }
