@@ -172,12 +172,7 @@ async fn records_deleted_below_the_stored_offset_force_a_rebuild() -> Result<()>
     let topic = unique_topic("deleted");
     // Kafka refuses deleteRecords on a compact-only topic; changelogs with retention (windowed
     // state) use "compact,delete", which the store accepts.
-    let admin = admin()?;
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact,delete");
-    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        created.map_err(|(t, e)| anyhow::anyhow!("create {t}: {e}"))?;
-    }
+    common::create_topic(&bootstrap_servers()?, &topic, 1, "compact,delete").await?;
     let dir = tempfile::tempdir()?;
     let (store, _) = open(dir.path(), &topic)?;
     write_keys(&store, 0..100)?; // offsets 0..=99
@@ -190,7 +185,9 @@ async fn records_deleted_below_the_stored_offset_force_a_rebuild() -> Result<()>
 
     let mut before = TopicPartitionList::new();
     before.add_partition_offset(&topic, 0, Offset::Offset(120))?;
-    let deleted = admin.delete_records(&before, &AdminOptions::new()).await?;
+    let deleted = admin()?
+        .delete_records(&before, &AdminOptions::new())
+        .await?;
     for p in deleted.elements() {
         ensure!(
             p.error().is_ok(),

@@ -5,6 +5,7 @@
 //! of writes survives a crash carries its own position. There is no checkpoint file to fsync or
 //! tear (Kafka Streams' `.checkpoint`, Samza's `OFFSET` file).
 
+use kstate_core::KeyValueStore;
 use kstate_rocksdb::RocksDbStore;
 
 use crate::error::ChangelogError;
@@ -43,7 +44,7 @@ impl ChangelogPosition {
     pub(crate) fn read(store: &RocksDbStore) -> Result<Option<Self>, ChangelogError> {
         let bad = |what: &str| {
             ChangelogError::Store(kstate_core::Error::Decode {
-                store: store.name_for_errors(),
+                store: store.name().to_string(),
                 what: "value",
                 location: format!("metadata record {what}"),
                 source: "wrong length or encoding".into(),
@@ -74,16 +75,5 @@ impl ChangelogPosition {
             ),
             offset: i64::from_be_bytes(offset.try_into().map_err(|_| bad("changelog.offset"))?),
         }))
-    }
-}
-
-/// `RocksDbStore::name` without importing the trait everywhere.
-trait NameForErrors {
-    fn name_for_errors(&self) -> String;
-}
-
-impl NameForErrors for RocksDbStore {
-    fn name_for_errors(&self) -> String {
-        self.path().display().to_string()
     }
 }

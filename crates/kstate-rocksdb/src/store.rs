@@ -135,13 +135,7 @@ impl RocksDbStore {
     ) -> Result<()> {
         self.check_open()?;
         let meta = self.metadata_cf()?;
-        let mut wb = WriteBatch::default();
-        for (k, v) in data {
-            match v {
-                Some(v) => wb.put(k, v),
-                None => wb.delete(k),
-            }
-        }
+        let mut wb = to_write_batch(data);
         for (k, v) in metadata {
             match v {
                 Some(v) => wb.put_cf(meta, k, v),
@@ -237,9 +231,10 @@ impl RocksDbStore {
     }
 }
 
-fn to_write_batch(batch: Batch) -> WriteBatch {
+/// The one place mutations become a RocksDB `WriteBatch` (later entries win).
+fn to_write_batch<'e>(data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>) -> WriteBatch {
     let mut wb = WriteBatch::default();
-    for (k, v) in batch.into_mutations() {
+    for (k, v) in data {
         match v {
             Some(v) => wb.put(k, v),
             None => wb.delete(k),
@@ -289,7 +284,15 @@ impl KeyValueStore for RocksDbStore {
             return Ok(());
         }
         self.db
-            .write_opt(to_write_batch(batch), &self.write_opts)
+            .write_opt(
+                to_write_batch(
+                    batch
+                        .mutations()
+                        .iter()
+                        .map(|(k, v)| (k.as_slice(), v.as_deref())),
+                ),
+                &self.write_opts,
+            )
             .map_err(|e| self.backend("write", e))
     }
 
