@@ -50,7 +50,9 @@ def main():
         points = [(0.0, 0)] + [(ms, rows) for rows, ms in config["progress"]]
         xs = [ms for ms, _ in points]
         ys = [rows for _, rows in points]
-        label = f'{config["config"]} ({config["rows_per_sec"]:,.0f} rows/s)'
+        threads = config.get("threads", 1)
+        name = config["config"] if threads == 1 else f'{config["config"]} x{threads} threads'
+        label = f'{name} ({config["rows_per_sec"]:,.0f} rows/s)'
         ax.plot(xs, ys, marker="o", markersize=3, label=label)
     ax.set_xlabel("elapsed (ms)")
     ax.set_ylabel("rows written (cumulative)")

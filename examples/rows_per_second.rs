@@ -5,8 +5,18 @@
 //! ```text
 //! cargo run --release --example rows_per_second -- [--rows N] [--value-size BYTES] [--batch N]
 //!     [--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME]
-//!     [--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--json PATH]
+//!     [--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--threads N[,N...]]
+//!     [--client-property KEY=VALUE] [--json PATH]
 //! ```
+//!
+//! `--threads 1,2,4` runs every configuration once per thread count, with one store per thread
+//! (its own directory, and for the logged configurations its own partition of one changelog
+//! topic with that many partitions), as a stream job runs one task per input partition. The
+//! threads split the same rows between them (thread `t` of `n` writes rows `t`, `t + n`, ...), so
+//! the total work stays the same and rows/s shows how the configuration scales with partitions.
+//!
+//! `--client-property KEY=VALUE` (repeatable) passes a librdkafka property to the logged
+//! configurations' clients, e.g. `compression.type=none`.
 //!
 //! `--json PATH` also writes every result (with the progress points) for machines;
 //! `benches/chart.py` turns it into the cumulative-rows-against-time chart.
@@ -23,8 +33,9 @@
 //!   acknowledgement of every put, so it writes at most 50,000 rows (`--sync-rows`).
 //!
 //! After the logged configurations, the `logged-group` changelog (a new topic per run, or the one
-//! `--restore-topic` names, which must not exist yet) is restored into an empty directory (`restored <n> records in <t> ms (<r> records/s)`), and a bare rdkafka consumer reads
-//! the same partition for comparison. The changelog configurations need a broker:
+//! `--restore-topic` names, which must not exist yet; partition 0 of the first thread count's
+//! topic) is restored into an empty directory (`restored <n> records in <t> ms (<r> records/s)`),
+//! and a bare rdkafka consumer reads the same partition for comparison. The changelog configurations need a broker:
 //! `KAFKA_BOOTSTRAP_SERVERS`, which `scripts/rows-per-second` sets up; without one the example
 //! runs the store-only configurations and says how to get the rest.
 //!
@@ -33,9 +44,11 @@
 //! The clock covers the write calls only; the flush after them is reported on its own line.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use hdrhistogram::Histogram;
 use kstate::kstate_core::{Batch, KeyValueStore};
 use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
@@ -62,11 +75,15 @@ struct Args {
     restore_topic: Option<String>,
     write_buffer_mb: Option<usize>,
     compression: Option<Compression>,
+    threads: Vec<usize>,
+    client_properties: Vec<(String, String)>,
     json: Option<PathBuf>,
 }
 
 const USAGE: &str = "usage: rows_per_second [--rows N] [--value-size BYTES] [--batch N] \
-[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME] [--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--json PATH]";
+[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME] \
+[--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--threads N[,N...]] \
+[--client-property KEY=VALUE] [--json PATH]";
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -81,6 +98,8 @@ impl Args {
             restore_topic: None,
             write_buffer_mb: None,
             compression: None,
+            threads: vec![1],
+            client_properties: Vec::new(),
             json: None,
         };
         let mut it = std::env::args().skip(1);
@@ -116,6 +135,22 @@ impl Args {
                         other => bail!("--compression: '{other}' is not none, lz4 or lz4-zstd"),
                     })
                 }
+                "--threads" => {
+                    args.threads = value
+                        .split(',')
+                        .map(|n| match number(n)? {
+                            0 => bail!("--threads: 0 threads cannot write anything"),
+                            n => Ok(usize::try_from(n)?),
+                        })
+                        .collect::<Result<_>>()?;
+                }
+                "--client-property" => {
+                    let (key, val) = value.split_once('=').with_context(|| {
+                        format!("--client-property: '{value}' is not KEY=VALUE")
+                    })?;
+                    args.client_properties
+                        .push((key.to_string(), val.to_string()));
+                }
                 "--dir" => args.dir = Some(PathBuf::from(value)),
                 "--configs" => {
                     args.configs = value.split(',').map(str::to_string).collect();
@@ -145,7 +180,7 @@ fn store_options(args: &Args) -> RocksDbOptions {
 }
 
 /// Where rows go: a store, or a bare RocksDB for the baselines.
-trait RowSink {
+trait RowSink: Send {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()>;
     fn put_batch(&mut self, rows: &[(Vec<u8>, Vec<u8>)]) -> Result<()>;
     /// Makes the rows durable in the engine (flush memtables).
@@ -155,7 +190,7 @@ trait RowSink {
 /// Any kstate store.
 struct StoreSink<S: KeyValueStore>(S);
 
-impl<S: KeyValueStore> RowSink for StoreSink<S> {
+impl<S: KeyValueStore + Send> RowSink for StoreSink<S> {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
         Ok(self.0.put(key, value)?)
     }
@@ -217,13 +252,23 @@ struct RunContext {
     /// The changelog topic of `logged-group`, when the caller names it (so that another system
     /// can restore the very same records).
     restore_topic: Option<String>,
+    /// librdkafka properties for the logged configurations.
+    client_properties: Vec<(String, String)>,
+}
+
+/// Which of a configuration's stores a sink is: thread `index` of `threads`.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    index: usize,
+    threads: usize,
 }
 
 impl RunContext {
-    fn topic(&self, config: &str) -> String {
+    /// The changelog topic of `config` when it runs on `threads` threads (one partition each).
+    fn topic(&self, config: &str, threads: usize) -> String {
         match &self.restore_topic {
-            Some(topic) if config == RESTORED_CONFIG => topic.clone(),
-            _ => format!("kstate-rows-per-second-{}-{config}", self.run_id),
+            Some(topic) if config == RESTORED_CONFIG && threads == 1 => topic.clone(),
+            _ => format!("kstate-rows-per-second-{}-{config}-t{threads}", self.run_id),
         }
     }
 
@@ -231,50 +276,64 @@ impl RunContext {
         &self,
         dir: &Path,
         opts: &RocksDbOptions,
+        slot: Slot,
         name: &str,
         mode: Durability,
     ) -> Result<Box<dyn RowSink>> {
         let servers = self.bootstrap.as_deref().context("no broker")?;
-        let config = ChangelogConfig::new(servers, self.topic(name), 0).durability(mode);
+        let mut config = ChangelogConfig::new(
+            servers,
+            self.topic(name, slot.threads),
+            i32::try_from(slot.index)?,
+        )
+        .partitions(i32::try_from(slot.threads)?)
+        .durability(mode);
+        for (key, value) in &self.client_properties {
+            config = config.client_property(key, value);
+        }
         Ok(Box::new(StoreSink(LoggedStore::open(dir, opts, config)?)))
     }
 }
 
-/// One configuration: a name and how to open its sink in a fresh directory.
+/// How a configuration opens one of its sinks in a fresh directory.
+type OpenSink = fn(&Path, &RocksDbOptions, Slot, &RunContext) -> Result<Box<dyn RowSink>>;
+
+/// One configuration: a name and how to open its sinks.
 struct Config {
     name: &'static str,
     needs_broker: bool,
-    open: fn(&Path, &RocksDbOptions, &RunContext) -> Result<Box<dyn RowSink>>,
+    open: OpenSink,
 }
 
 const CONFIGS: &[Config] = &[
     Config {
         name: "rocksdb-wal",
         needs_broker: false,
-        open: |dir, opts, _| Ok(Box::new(BareRocks::open(dir, opts, true)?)),
+        open: |dir, opts, _, _| Ok(Box::new(BareRocks::open(dir, opts, true)?)),
     },
     Config {
         name: "rocksdb-bare-nowal",
         needs_broker: false,
-        open: |dir, opts, _| Ok(Box::new(BareRocks::open(dir, opts, false)?)),
+        open: |dir, opts, _, _| Ok(Box::new(BareRocks::open(dir, opts, false)?)),
     },
     Config {
         name: "rocksdb-nowal",
         needs_broker: false,
-        open: |dir, opts, _| Ok(Box::new(StoreSink(RocksDbStore::open(dir, opts)?))),
+        open: |dir, opts, _, _| Ok(Box::new(StoreSink(RocksDbStore::open(dir, opts)?))),
     },
     Config {
         name: "logged-async",
         needs_broker: true,
-        open: |dir, opts, cx| cx.logged(dir, opts, "logged-async", Durability::Async),
+        open: |dir, opts, slot, cx| cx.logged(dir, opts, slot, "logged-async", Durability::Async),
     },
     Config {
         name: "logged-group",
         needs_broker: true,
-        open: |dir, opts, cx| {
+        open: |dir, opts, slot, cx| {
             cx.logged(
                 dir,
                 opts,
+                slot,
                 "logged-group",
                 Durability::Group(Duration::from_millis(10)),
             )
@@ -283,7 +342,7 @@ const CONFIGS: &[Config] = &[
     Config {
         name: "logged-sync",
         needs_broker: true,
-        open: |dir, opts, cx| cx.logged(dir, opts, "logged-sync", Durability::Sync),
+        open: |dir, opts, slot, cx| cx.logged(dir, opts, slot, "logged-sync", Durability::Sync),
     },
 ];
 
@@ -332,9 +391,13 @@ impl Workload {
     }
 }
 
+/// What one configuration measured at one thread count.
 struct Outcome {
+    /// From the first write to the last thread's last write.
     elapsed: Duration,
+    /// The slowest thread's flush after its writes.
     finish: Duration,
+    /// Every write call of every thread.
     latency_ns: Histogram<u64>,
     /// (rows, elapsed ms) at every progress line.
     progress: Vec<(u64, f64)>,
@@ -344,6 +407,7 @@ struct Outcome {
 #[derive(serde::Serialize)]
 struct ConfigResult {
     config: &'static str,
+    threads: usize,
     rows: u64,
     ms: f64,
     rows_per_sec: f64,
@@ -370,51 +434,164 @@ struct RunResult {
     rows: u64,
     value_size: usize,
     batch: usize,
+    threads: Vec<usize>,
     configs: Vec<ConfigResult>,
     restore: Option<RestoreResult>,
 }
 
-fn run(
+/// Rows written so far by all threads of a configuration; prints the SAMZA-543 progress lines.
+struct Progress {
+    start: Instant,
+    rows: AtomicU64,
+    points: Mutex<Vec<(u64, f64)>>,
+}
+
+/// Rows a thread writes between updates of the shared count (keeps the atomic off the hot path).
+const PROGRESS_STRIDE: u64 = 1_000;
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            start: Instant::now(),
+            rows: AtomicU64::new(0),
+            points: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Counts `n` more rows, printing a line for every multiple of [`PROGRESS_EVERY`] crossed.
+    fn add(&self, n: u64) {
+        let before = self.rows.fetch_add(n, Ordering::Relaxed);
+        let mut mark = (before / PROGRESS_EVERY + 1) * PROGRESS_EVERY;
+        while mark <= before + n {
+            let ms = self.start.elapsed().as_secs_f64() * 1e3;
+            println!("{mark} rows in {ms:.0} ms");
+            self.points
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((mark, ms));
+            mark += PROGRESS_EVERY;
+        }
+    }
+
+    fn into_points(self) -> Vec<(u64, f64)> {
+        let mut points = self
+            .points
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        points.sort_by_key(|&(rows, _)| rows);
+        points
+    }
+}
+
+/// What one writer thread measured.
+struct ThreadOutcome {
+    writes_done: Instant,
+    finish: Duration,
+    latency_ns: Histogram<u64>,
+}
+
+/// One thread's write loop: rows `slot.index`, `slot.index + slot.threads`, ... of `rows`.
+fn write_rows(
     sink: &mut dyn RowSink,
     work: &Workload,
+    slot: Slot,
     rows: usize,
     batch: usize,
-    name: &str,
-) -> Result<Outcome> {
+    progress: &Progress,
+) -> Result<ThreadOutcome> {
     let mut latency_ns = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
-    let start = Instant::now();
     let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(batch);
-    let mut next_report = PROGRESS_EVERY;
-    let mut progress = Vec::new();
-    for i in 0..rows {
+    let mine = rows.saturating_sub(slot.index).div_ceil(slot.threads);
+    let mut unreported = 0;
+    for (n, i) in (slot.index..rows).step_by(slot.threads).enumerate() {
         let (key, value) = work.row(i);
         let call = Instant::now();
         if batch == 1 {
             sink.put(&key, value)?;
         } else {
             pending.push((key.to_vec(), value.to_vec()));
-            if pending.len() == batch || i + 1 == rows {
+            if pending.len() == batch || n + 1 == mine {
                 sink.put_batch(&pending)?;
                 pending.clear();
             }
         }
         latency_ns.saturating_record(call.elapsed().as_nanos() as u64);
-        let done = i as u64 + 1;
-        if done == next_report {
-            let ms = start.elapsed().as_secs_f64() * 1e3;
-            println!("{done} rows in {ms:.0} ms");
-            progress.push((done, ms));
-            next_report += PROGRESS_EVERY;
+        unreported += 1;
+        if unreported == PROGRESS_STRIDE {
+            progress.add(unreported);
+            unreported = 0;
         }
     }
-    let elapsed = start.elapsed();
-    let finish_start = Instant::now();
-    sink.finish().with_context(|| format!("{name}: flush"))?;
-    Ok(Outcome {
-        elapsed,
-        finish: finish_start.elapsed(),
+    progress.add(unreported);
+    let writes_done = Instant::now();
+    sink.finish().context("flush")?;
+    Ok(ThreadOutcome {
+        writes_done,
+        finish: writes_done.elapsed(),
         latency_ns,
-        progress,
+    })
+}
+
+/// Runs `config` on `threads` stores, one thread each, in fresh directories under `base`.
+fn run_config(
+    config: &Config,
+    threads: usize,
+    rows: usize,
+    base: &Path,
+    args: &Args,
+    context: &RunContext,
+    work: &Workload,
+) -> Result<Outcome> {
+    let dir = base.join(format!("{}-t{threads}", config.name));
+    // Each store gets the options (and memory budget) a one-thread run has, so the thread
+    // count is the only thing that changes.
+    let mut sinks = (0..threads)
+        .map(|index| {
+            let path = dir.join(index.to_string());
+            (config.open)(
+                &path,
+                &store_options(args),
+                Slot { index, threads },
+                context,
+            )
+            .with_context(|| format!("{}: open {}", config.name, path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let progress = Progress::new();
+    let outcomes = std::thread::scope(|scope| {
+        let handles: Vec<_> = sinks
+            .iter_mut()
+            .enumerate()
+            .map(|(index, sink)| {
+                let progress = &progress;
+                let slot = Slot { index, threads };
+                scope.spawn(move || {
+                    write_rows(sink.as_mut(), work, slot, rows, args.batch, progress)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow!("a writer thread panicked"))?)
+            .collect::<Result<Vec<_>>>()
+    })
+    .with_context(|| config.name)?;
+    drop(sinks);
+    std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+    let mut latency_ns = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    for outcome in &outcomes {
+        latency_ns.add(&outcome.latency_ns)?;
+    }
+    let last_write = outcomes
+        .iter()
+        .map(|o| o.writes_done)
+        .max()
+        .context("no threads")?;
+    Ok(Outcome {
+        elapsed: last_write - progress.start,
+        finish: outcomes.iter().map(|o| o.finish).max().unwrap_or_default(),
+        latency_ns,
+        progress: progress.into_points(),
     })
 }
 
@@ -426,10 +603,15 @@ fn main() -> Result<()> {
         None => tempfile::tempdir()?,
     };
     println!(
-        "rows_per_second: rows={} value_size={} batch={} configs={}",
+        "rows_per_second: rows={} value_size={} batch={} threads={} configs={}",
         args.rows,
         args.value_size,
         args.batch,
+        args.threads
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         args.configs.join(",")
     );
     let context = RunContext {
@@ -444,73 +626,77 @@ fn main() -> Result<()> {
                 .as_secs()
         ),
         restore_topic: args.restore_topic.clone(),
+        client_properties: args.client_properties.clone(),
     };
-    let mut summaries = Vec::new();
-    let mut results = Vec::new();
+    let mut results: Vec<ConfigResult> = Vec::new();
     let mut skipped = Vec::new();
-    for name in &args.configs {
-        let config = config(name).context("configuration vanished")?;
-        if config.needs_broker && context.bootstrap.is_none() {
-            skipped.push(config.name);
-            continue;
-        }
-        let rows = if config.name == "logged-sync" {
-            args.rows.min(args.sync_rows)
-        } else {
-            args.rows
-        };
-        let dir = base.path().join(config.name);
-        let options = store_options(&args);
-        println!("config {}", config.name);
-        let mut sink = (config.open)(&dir, &options, &context)
-            .with_context(|| format!("{}: open {}", config.name, dir.display()))?;
-        let outcome = run(sink.as_mut(), &work, rows as usize, args.batch, config.name)?;
-        drop(sink);
-        std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
-        let ms = outcome.elapsed.as_secs_f64() * 1e3;
-        let rows_per_sec = rows as f64 / outcome.elapsed.as_secs_f64();
-        let h = &outcome.latency_ns;
-        let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
-        let summary = format!(
-            "summary config={} rows={} ms={:.0} rows_per_sec={:.0}",
-            config.name, rows, ms, rows_per_sec
-        );
-        println!("{summary}");
-        println!(
-            "latency config={} calls={} p50_us={:.1} p99_us={:.1} p999_us={:.1} max_us={:.1} flush_ms={:.0}",
-            config.name,
-            h.len(),
-            us(0.50),
-            us(0.99),
-            us(0.999),
-            h.max() as f64 / 1e3,
-            outcome.finish.as_secs_f64() * 1e3
-        );
-        summaries.push((config.name, rows_per_sec));
-        results.push(ConfigResult {
-            config: config.name,
-            rows,
-            ms,
-            rows_per_sec,
-            p50_us: us(0.50),
-            p99_us: us(0.99),
-            p999_us: us(0.999),
-            max_us: h.max() as f64 / 1e3,
-            flush_ms: outcome.finish.as_secs_f64() * 1e3,
-            progress: outcome.progress,
-        });
-    }
-    if let Some((_, baseline)) = summaries.iter().find(|(n, _)| *n == "rocksdb-wal") {
-        for (name, rate) in &summaries {
+    for &threads in &args.threads {
+        for name in &args.configs {
+            let config = config(name).context("configuration vanished")?;
+            if config.needs_broker && context.bootstrap.is_none() {
+                if !skipped.contains(&config.name) {
+                    skipped.push(config.name);
+                }
+                continue;
+            }
+            let rows = if config.name == "logged-sync" {
+                args.rows.min(args.sync_rows)
+            } else {
+                args.rows
+            };
+            println!("config {} threads={threads}", config.name);
+            let outcome = run_config(
+                config,
+                threads,
+                rows as usize,
+                base.path(),
+                &args,
+                &context,
+                &work,
+            )?;
+            let ms = outcome.elapsed.as_secs_f64() * 1e3;
+            let rows_per_sec = rows as f64 / outcome.elapsed.as_secs_f64();
+            let h = &outcome.latency_ns;
+            let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
             println!(
-                "ratio config={name} vs=rocksdb-wal x={:.2}",
-                rate / baseline
+                "summary config={} threads={threads} rows={rows} ms={ms:.0} rows_per_sec={rows_per_sec:.0}",
+                config.name
             );
+            println!(
+                "latency config={} threads={threads} calls={} p50_us={:.1} p99_us={:.1} p999_us={:.1} max_us={:.1} flush_ms={:.0}",
+                config.name,
+                h.len(),
+                us(0.50),
+                us(0.99),
+                us(0.999),
+                h.max() as f64 / 1e3,
+                outcome.finish.as_secs_f64() * 1e3
+            );
+            results.push(ConfigResult {
+                config: config.name,
+                threads,
+                rows,
+                ms,
+                rows_per_sec,
+                p50_us: us(0.50),
+                p99_us: us(0.99),
+                p999_us: us(0.999),
+                max_us: h.max() as f64 / 1e3,
+                flush_ms: outcome.finish.as_secs_f64() * 1e3,
+                progress: outcome.progress,
+            });
         }
     }
+    print_ratios(&results);
+    let first_threads = args.threads[0];
     let restore =
         if args.configs.iter().any(|c| c == RESTORED_CONFIG) && context.bootstrap.is_some() {
-            Some(measure_restore(&context, base.path(), &args)?)
+            Some(measure_restore(
+                &context,
+                first_threads,
+                base.path(),
+                &args,
+            )?)
         } else {
             None
         };
@@ -519,6 +705,7 @@ fn main() -> Result<()> {
             rows: args.rows,
             value_size: args.value_size,
             batch: args.batch,
+            threads: args.threads.clone(),
             configs: results,
             restore,
         };
@@ -536,17 +723,60 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// Each configuration against `rocksdb-wal` at the same thread count, and against itself at the
+/// first thread count (the scaling with partitions).
+fn print_ratios(results: &[ConfigResult]) {
+    let rate = |config: &str, threads: usize| {
+        results
+            .iter()
+            .find(|r| r.config == config && r.threads == threads)
+            .map(|r| r.rows_per_sec)
+    };
+    for r in results {
+        if let Some(baseline) = rate("rocksdb-wal", r.threads) {
+            println!(
+                "ratio config={} threads={} vs=rocksdb-wal x={:.2}",
+                r.config,
+                r.threads,
+                r.rows_per_sec / baseline
+            );
+        }
+    }
+    let Some(first) = results.first().map(|r| r.threads) else {
+        return;
+    };
+    for r in results.iter().filter(|r| r.threads != first) {
+        if let Some(one) = rate(r.config, first) {
+            println!(
+                "scaling config={} threads={} vs_threads={first} x={:.2}",
+                r.config,
+                r.threads,
+                r.rows_per_sec / one
+            );
+        }
+    }
+}
+
 /// Restores the `logged-group` changelog into an empty directory, then reads the same partition
 /// with a bare consumer, so the two rates compare within one run.
-fn measure_restore(context: &RunContext, base: &Path, args: &Args) -> Result<RestoreResult> {
+fn measure_restore(
+    context: &RunContext,
+    threads: usize,
+    base: &Path,
+    args: &Args,
+) -> Result<RestoreResult> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Message, Offset, TopicPartitionList};
 
     let servers = context.bootstrap.as_deref().context("no broker")?;
-    let topic = context.topic(RESTORED_CONFIG);
+    let topic = context.topic(RESTORED_CONFIG, threads);
     let dir = base.join("restore");
     let options = store_options(args);
-    let store = LoggedStore::open(&dir, &options, ChangelogConfig::new(servers, &topic, 0))?;
+    let mut config = ChangelogConfig::new(servers, &topic, 0).partitions(i32::try_from(threads)?);
+    for (key, value) in &context.client_properties {
+        config = config.client_property(key, value);
+    }
+    let store = LoggedStore::open(&dir, &options, config)?;
     let report = store.restore_report().clone();
     store.close()?;
     drop(store);

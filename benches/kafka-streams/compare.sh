@@ -118,7 +118,7 @@ rate() { awk -v n="$1" -v ms="$2" 'BEGIN { printf "%.0f", n / (ms / 1000) }'; }
 log "a. kstate: rows_per_second --configs logged-group --rows $ROWS --restore-topic $CHANGELOG"
 KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$KSTATE_BIN" --configs logged-group --rows "$ROWS" \
     --restore-topic "$CHANGELOG" 2>&1 | tee "$LOG_DIR/kstate.log"
-summary='^summary config=logged-group rows=[0-9]* ms=\([0-9]*\) rows_per_sec=\([0-9]*\)$'
+summary='^summary config=logged-group threads=1 rows=[0-9]* ms=\([0-9]*\) rows_per_sec=\([0-9]*\)$'
 restored='^restored \([0-9]*\) records in \([0-9]*\) ms (\([0-9]*\) records/s)$'
 kstate_puts=$(field "$LOG_DIR/kstate.log" "s#$summary#\\2#p" "kstate puts summary")
 kstate_puts_ms=$(field "$LOG_DIR/kstate.log" "s#$summary#\\1#p" "kstate puts summary")
