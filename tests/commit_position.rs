@@ -61,3 +61,27 @@ fn a_reopen_resumes_right_after_the_committed_offset() -> Result<()> {
     store.close()?;
     Ok(())
 }
+
+#[test]
+fn unacknowledged_counts_sends_until_the_broker_acknowledges_them() -> Result<()> {
+    let topic = unique_topic("unacknowledged");
+    let dir = tempfile::tempdir()?;
+    let config = common::changelog(&topic)?.durability(Durability::Async);
+    let store = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config)?;
+    assert_eq!(store.unacknowledged(), 0, "nothing written yet");
+    for i in 0..10_000u32 {
+        store.put(&i.to_be_bytes(), b"value")?;
+    }
+    assert!(store.unacknowledged() <= 10_000);
+    store.commit()?; // waits for the acknowledgement of the last record, so of all of them
+    assert_eq!(store.unacknowledged(), 0, "after a commit");
+    store.set_durability(Durability::Sync);
+    store.put(b"sync", b"value")?;
+    assert_eq!(
+        store.unacknowledged(),
+        0,
+        "a sync put returns once acknowledged"
+    );
+    store.close()?;
+    Ok(())
+}

@@ -6,6 +6,7 @@
 //! protocol can ask for the exact offset of the last record of its snapshot. A failed delivery
 //! poisons the store: once one record is lost, later ones must not be applied over it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,9 @@ struct Acks {
     watched_offset: Option<i64>,
     /// Why the changelog can no longer be trusted, once it cannot.
     poisoned: Option<String>,
+    /// Threads waiting on `changed`. Acknowledgements wake them only when there are any: most
+    /// records have no waiter, and a wake is a system call per record.
+    waiters: u32,
 }
 
 /// Shared between the producer's delivery callback and the store.
@@ -36,6 +40,9 @@ struct Acks {
 pub(crate) struct AckTracker {
     acks: Mutex<Acks>,
     changed: Condvar,
+    /// Set once `poisoned` is, so that every send can check it without taking the lock the
+    /// delivery callback takes for every record.
+    is_poisoned: AtomicBool,
 }
 
 impl AckTracker {
@@ -43,17 +50,43 @@ impl AckTracker {
         self.acks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn poison(&self, reason: String) {
-        let mut acks = self.lock();
+    /// Records why the changelog can no longer be trusted (the first reason wins).
+    fn set_poisoned(&self, acks: &mut Acks, reason: String) {
         if acks.poisoned.is_none() {
             tracing::error!(%reason, "changelog poisoned");
             acks.poisoned = Some(reason);
+            self.is_poisoned.store(true, Ordering::Release);
         }
         self.changed.notify_all();
     }
 
+    pub(crate) fn poison(&self, reason: String) {
+        let mut acks = self.lock();
+        self.set_poisoned(&mut acks, reason);
+    }
+
     pub(crate) fn poisoned(&self) -> Option<String> {
+        if !self.is_poisoned.load(Ordering::Acquire) {
+            return None;
+        }
         self.lock().poisoned.clone()
+    }
+
+    /// Waits on `changed` for at most `left`, counted as a waiter meanwhile.
+    fn wait<'a>(&self, mut acks: MutexGuard<'a, Acks>, left: Duration) -> MutexGuard<'a, Acks> {
+        acks.waiters += 1;
+        let mut acks = self
+            .changed
+            .wait_timeout(acks, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+        acks.waiters -= 1;
+        acks
+    }
+
+    /// Every record up to this sequence number is acknowledged.
+    pub(crate) fn acked_seq(&self) -> u64 {
+        self.lock().acked_seq
     }
 
     /// Waits until every record up to `seq` is acknowledged.
@@ -71,11 +104,7 @@ impl AckTracker {
             if left.is_zero() {
                 return Err(format!("record {seq} not acknowledged within {timeout:?}"));
             }
-            acks = self
-                .changed
-                .wait_timeout(acks, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            acks = self.wait(acks, left);
         }
     }
 
@@ -112,11 +141,7 @@ impl AckTracker {
                     "commit's last record not acknowledged within {timeout:?}"
                 ));
             }
-            acks = self
-                .changed
-                .wait_timeout(acks, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            acks = self.wait(acks, left);
         }
     }
 
@@ -133,9 +158,7 @@ impl AckTracker {
                 "acknowledgement for record {seq} (offset {offset}) arrived after record {}",
                 acks.acked_seq
             );
-            tracing::error!(%reason, "changelog poisoned");
-            acks.poisoned = Some(reason);
-            self.changed.notify_all();
+            self.set_poisoned(&mut acks, reason);
             return;
         }
         acks.acked_seq = seq;
@@ -144,7 +167,9 @@ impl AckTracker {
             acks.watched_offset = Some(offset);
         }
         metrics::gauge!("kstate_changelog_acked_offset").set(offset as f64);
-        self.changed.notify_all();
+        if acks.waiters > 0 {
+            self.changed.notify_all();
+        }
     }
 }
 

@@ -209,9 +209,26 @@ fn docker_broker() -> Result<Broker, String> {
     })
 }
 
-/// `scripts/kafka` in this checkout.
+/// The launcher's path inside a checkout.
+const LAUNCHER: &str = "scripts/kafka";
+
+/// `scripts/kafka` of the checkout being run: found at run time from the package directory
+/// cargo names (`CARGO_MANIFEST_DIR`, set for tests and benches) or the working directory, and
+/// their parents. Not from the compile-time `env!("CARGO_MANIFEST_DIR")`: a target directory
+/// shared between checkouts reuses this crate's build, path and all, and would run another
+/// checkout's script, or one that no longer exists.
 pub fn launcher_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka")
+    let starts = [
+        std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from),
+        std::env::current_dir().ok(),
+    ];
+    starts
+        .iter()
+        .flatten()
+        .flat_map(|start| start.ancestors())
+        .map(|dir| dir.join(LAUNCHER))
+        .find(|script| script.is_file())
+        .unwrap_or_else(|| PathBuf::from(LAUNCHER))
 }
 
 fn launcher_broker() -> Result<Broker, String> {
@@ -294,12 +311,13 @@ impl PrivateBroker {
             state_dir: self.state_dir.display().to_string(),
             message,
         };
-        let output = Command::new(launcher_script())
+        let script = launcher_script();
+        let output = Command::new(&script)
             .arg(command)
             .env("KSTATE_KAFKA_STATE_DIR", &self.state_dir)
             .env("KSTATE_KAFKA_IDLE_SECS", "600")
             .output()
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| failed(format!("cannot run {}: {e}", script.display())))?;
         if !output.status.success() {
             return Err(failed(String::from_utf8_lossy(&output.stderr).into_owned()));
         }
