@@ -2,8 +2,12 @@
 //! task that lost its disk comes back.
 //!
 //! ```text
-//! KAFKA_BOOTSTRAP_SERVERS=host:port cargo run --release --example restore -- --topic NAME [--partition N] [--batch N]
+//! KAFKA_BOOTSTRAP_SERVERS=host:port cargo run --release --example restore -- --topic NAME [--partition N] [--batch N] [--chunk N]
 //! ```
+//!
+//! The directory starts empty, so the restore takes the bulk path: `--chunk` sets its records per
+//! SST file (`ChangelogConfig::bulk_chunk_records`); `--batch` sets the records per write batch of
+//! the catch-up path (`restore_batch_records`), which a stale store takes.
 //!
 //! Prints each batch's last offset every 100,000 records (the restore listener) and the totals.
 //! `rows_per_second --restore-topic NAME` makes such a topic.
@@ -55,6 +59,7 @@ fn main() -> Result<()> {
     let mut topic = None;
     let mut partition = 0;
     let mut batch = None;
+    let mut chunk = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args
@@ -64,8 +69,10 @@ fn main() -> Result<()> {
             "--topic" => topic = Some(value),
             "--partition" => partition = value.parse().context("--partition")?,
             "--batch" => batch = Some(value.parse().context("--batch")?),
+            "--chunk" => chunk = Some(value.parse().context("--chunk")?),
             _ => bail!(
-                "unknown flag {flag}; usage: restore --topic NAME [--partition N] [--batch N]"
+                "unknown flag {flag}; usage: restore --topic NAME [--partition N] [--batch N] \
+                 [--chunk N]"
             ),
         }
     }
@@ -75,6 +82,9 @@ fn main() -> Result<()> {
     let mut config = ChangelogConfig::new(servers, &topic, partition);
     if let Some(batch) = batch {
         config = config.restore_batch_records(batch);
+    }
+    if let Some(chunk) = chunk {
+        config = config.bulk_chunk_records(chunk);
     }
     let dir = tempfile::tempdir()?;
     let hooks = OpenHooks {

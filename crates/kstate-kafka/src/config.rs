@@ -124,7 +124,8 @@ impl ChangelogConfig {
     }
 
     /// Records per SST file when restoring into an empty store (the bulk path; default 250,000,
-    /// about 30 MB of 100-byte values held in memory at once).
+    /// about 30 MB of 100-byte values per chunk; a restore holds two, one being read while the
+    /// other is written).
     pub fn bulk_chunk_records(mut self, n: usize) -> Self {
         self.bulk_chunk_records = n.max(1);
         self

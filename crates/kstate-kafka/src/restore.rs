@@ -14,6 +14,9 @@
 //!    reaches the end: offsets held by transaction markers or compacted away never hold it up.
 //! 5. Report to the [`RestoreListener`], through `tracing` spans and `metrics`.
 //!
+//! Reading and writing overlap: the thread that opens the store reads records into a chunk, and a
+//! writer thread writes full chunks to RocksDB in order, each with the offset of its last record.
+//!
 //! Limits of the trust rules, which only see offsets: a topic deleted, recreated and grown past
 //! the stored offset before the store reopens is not detected (the metadata holds no topic id);
 //! and a store offline for longer than the topic's `delete.retention.ms` (24 h by default) can
@@ -199,8 +202,7 @@ pub(crate) fn restore(
         l.on_restore_start(&start);
     }
 
-    let mut records = 0u64;
-    let mut batches = 0u64;
+    let (mut records, mut batches) = (0u64, 0u64);
     if start_offset < high {
         let mut assignment = TopicPartitionList::new();
         assignment
@@ -210,129 +212,132 @@ pub(crate) fn restore(
             .assign(&assignment)
             .map_err(|e| kafka("assign", e))?;
 
-        // An empty store takes the bulk path: chunks sorted here and ingested as SST files,
-        // skipping the memtable (whose skiplist inserts dominate a random-order restore).
-        let mut batch = Chunk::default();
+        // An empty store takes the bulk path: chunks sorted and ingested as SST files, skipping
+        // the memtable (whose skiplist inserts dominate a random-order restore).
         let chunk_records = if bulk {
             config.bulk_chunk_records
         } else {
             config.restore_batch_records
         };
-        let mut last_offset = start_offset - 1;
-        let mut last_progress = Instant::now();
-        let mut progress_offset = last_offset;
-        let mut write_batch = |batch: &mut Chunk, last_offset: i64| -> Result<(), ChangelogError> {
-            if batch.records.is_empty() {
-                return Ok(());
-            }
-            let n = batch.records.len();
-            let position = ChangelogPosition {
-                topic: topic.to_string(),
-                partition,
-                offset: last_offset,
-            }
-            .encode();
-            let meta: Vec<(&[u8], Option<&[u8]>)> = position
-                .iter()
-                .map(|(k, v)| (*k, Some(v.as_slice())))
-                .collect();
-            if bulk {
-                // Sorted, newest record of each key only, as one SST file; then the position.
-                store.ingest_sorted(batch.sorted_last_wins())?;
-                store.write_with_metadata(std::iter::empty(), &meta)?;
-                // The SST is durable at once, the position only once flushed: flush it now, so
-                // a crash later resumes here instead of finding data without a position (which
-                // would force a full rebuild).
-                store.flush()?;
-            } else {
-                // In changelog order, atomically with the position.
-                store.write_with_metadata(batch.in_order(), &meta)?;
-            }
-            batch.clear();
-            records += n as u64;
-            batches += 1;
-            metrics::counter!("kstate_restore_records_total", "topic" => topic.to_string())
-                .increment(n as u64);
-            metrics::gauge!("kstate_restore_lag", "topic" => topic.to_string())
-                .set((high - 1 - last_offset) as f64);
-            if let Some(l) = listener {
-                l.on_batch_restored(&BatchRestored {
-                    topic: topic.to_string(),
-                    partition,
-                    last_offset,
-                    records: n,
-                    total_records: records,
-                });
-            }
-            Ok(())
+        let writer = ChunkWriter {
+            store: &store,
+            topic,
+            partition,
+            high,
+            bulk,
+            listener,
+            records: 0,
+            batches: 0,
         };
-        loop {
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(message)) => {
-                    let offset = message.offset();
-                    let bad =
-                        |problem: String, source: Option<BoxError>| ChangelogError::BadRecord {
-                            topic: topic.to_string(),
-                            partition,
-                            offset,
-                            problem,
-                            source,
-                        };
-                    let key = message
-                        .key()
-                        .ok_or_else(|| bad("the record has no key".into(), None))?;
-                    let value = message.payload();
-                    if let (Some(check), Some(value)) = (check, value) {
-                        check(key, value)
-                            .map_err(|e| bad("the record does not decode".into(), Some(e)))?;
+        (records, batches) = std::thread::scope(|scope| {
+            // Full chunks go to a writer thread, so that sorting and writing one chunk overlaps
+            // reading the next (a profile of the single-threaded restore spent a quarter of its
+            // time writing). A rendezvous channel: at most one chunk being written and one being
+            // filled; written chunks come back to be refilled without reallocating.
+            let (to_writer, full_chunks) = std::sync::mpsc::sync_channel::<(Chunk, i64)>(0);
+            let (to_reader, spare) = std::sync::mpsc::channel::<Chunk>();
+            let writing = std::thread::Builder::new()
+                .name("kstate-restore-writer".into())
+                .spawn_scoped(scope, move || {
+                    let mut writer = writer;
+                    for (mut chunk, last_offset) in full_chunks {
+                        writer.write(&mut chunk, last_offset)?;
+                        let _ = to_reader.send(chunk);
                     }
-                    batch.push(key, value);
-                    last_offset = offset;
-                    if batch.records.len() >= chunk_records {
-                        write_batch(&mut batch, last_offset)?;
+                    Ok::<_, ChangelogError>((writer.records, writer.batches))
+                })
+                .map_err(|e| {
+                    ChangelogError::Store(kstate_core::Error::backend(
+                        path.display().to_string(),
+                        "start restore writer thread",
+                        e,
+                    ))
+                })?;
+            let mut batch = Chunk::default();
+            let mut last_offset = start_offset - 1;
+            let mut last_progress = Instant::now();
+            let mut progress_offset = last_offset;
+            loop {
+                match consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(message)) => {
+                        let offset = message.offset();
+                        let bad =
+                            |problem: String, source: Option<BoxError>| ChangelogError::BadRecord {
+                                topic: topic.to_string(),
+                                partition,
+                                offset,
+                                problem,
+                                source,
+                            };
+                        let key = message
+                            .key()
+                            .ok_or_else(|| bad("the record has no key".into(), None))?;
+                        let value = message.payload();
+                        if let (Some(check), Some(value)) = (check, value) {
+                            check(key, value)
+                                .map_err(|e| bad("the record does not decode".into(), Some(e)))?;
+                        }
+                        batch.push(key, value);
+                        last_offset = offset;
+                        if batch.records.len() >= chunk_records {
+                            let next = spare.try_recv().unwrap_or_default();
+                            let full = std::mem::replace(&mut batch, next);
+                            if to_writer.send((full, last_offset)).is_err() {
+                                break; // the writer failed: its error is returned below
+                            }
+                        }
+                        if offset + 1 >= high {
+                            break;
+                        }
                     }
-                    if offset + 1 >= high {
-                        break;
+                    Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                        // Markers and compacted-away offsets leave gaps: the position, not the last
+                        // record, says whether the end is reached.
+                        let position = consumer_position(&consumer, topic, partition);
+                        if position.is_some_and(|p| p >= high) {
+                            break;
+                        }
+                        let progress = position.unwrap_or(last_offset).max(last_offset);
+                        if progress != progress_offset {
+                            // Read the clock only when idle, never per record.
+                            (progress_offset, last_progress) = (progress, Instant::now());
+                        } else if last_progress.elapsed() > config.open_timeout {
+                            return Err(kafka(
+                                "restore (no progress within the open timeout)",
+                                KafkaError::MessageConsumption(
+                                    rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+                                ),
+                            ));
+                        }
                     }
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) | None => {
-                    // Markers and compacted-away offsets leave gaps: the position, not the last
-                    // record, says whether the end is reached.
-                    let position = consumer_position(&consumer, topic, partition);
-                    if position.is_some_and(|p| p >= high) {
-                        break;
-                    }
-                    let progress = position.unwrap_or(last_offset).max(last_offset);
-                    if progress != progress_offset {
-                        // Read the clock only when idle, never per record.
-                        (progress_offset, last_progress) = (progress, Instant::now());
-                    } else if last_progress.elapsed() > config.open_timeout {
+                    Some(Err(e @ KafkaError::MessageConsumption(code)))
+                        if code == rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange
+                            || code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset =>
+                    {
                         return Err(kafka(
-                            "restore (no progress within the open timeout)",
-                            KafkaError::MessageConsumption(
-                                rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
-                            ),
+                            "restore read (the log moved past the restore position)",
+                            e,
                         ));
                     }
-                }
-                Some(Err(e @ KafkaError::MessageConsumption(code)))
-                    if code == rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange
-                        || code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset =>
-                {
-                    return Err(kafka(
-                        "restore read (the log moved past the restore position)",
-                        e,
-                    ));
-                }
-                Some(Err(e)) => {
-                    // Transient client errors (a broker restarting, a connection dropped) are
-                    // retried by librdkafka; the stall timeout above ends a restore that stops
-                    // making progress.
-                    tracing::warn!(error = %e, "restore read error; retrying");
+                    Some(Err(e)) => {
+                        // Transient client errors (a broker restarting, a connection dropped) are
+                        // retried by librdkafka; the stall timeout above ends a restore that stops
+                        // making progress.
+                        tracing::warn!(error = %e, "restore read error; retrying");
+                    }
                 }
             }
-        }
-        write_batch(&mut batch, last_offset)?;
+            // The last chunk; a failed send means the writer stopped on an error, returned here.
+            let _ = to_writer.send((batch, last_offset));
+            drop(to_writer);
+            writing.join().map_err(|_| {
+                ChangelogError::Store(kstate_core::Error::backend(
+                    path.display().to_string(),
+                    "restore writer thread",
+                    std::io::Error::other("panicked"),
+                ))
+            })?
+        })?;
     }
     let report = RestoreReport {
         start,
@@ -355,6 +360,67 @@ pub(crate) fn restore(
     Ok((store, report))
 }
 
+/// Writes restored chunks to RocksDB, each with the offset of its last record, and reports them.
+struct ChunkWriter<'a> {
+    store: &'a RocksDbStore,
+    topic: &'a str,
+    partition: i32,
+    high: i64,
+    /// Ingest sorted SST files (an empty store) instead of write batches in changelog order.
+    bulk: bool,
+    listener: Option<&'a dyn RestoreListener>,
+    records: u64,
+    batches: u64,
+}
+
+impl ChunkWriter<'_> {
+    fn write(&mut self, chunk: &mut Chunk, last_offset: i64) -> Result<(), ChangelogError> {
+        if chunk.records.is_empty() {
+            return Ok(());
+        }
+        let n = chunk.records.len();
+        let position = ChangelogPosition {
+            topic: self.topic.to_string(),
+            partition: self.partition,
+            offset: last_offset,
+        }
+        .encode();
+        let meta: Vec<(&[u8], Option<&[u8]>)> = position
+            .iter()
+            .map(|(k, v)| (*k, Some(v.as_slice())))
+            .collect();
+        if self.bulk {
+            // Sorted, newest record of each key only, as one SST file; then the position.
+            self.store.ingest_sorted(chunk.sorted_last_wins())?;
+            self.store.write_with_metadata(std::iter::empty(), &meta)?;
+            // The SST is durable at once, the position only once flushed: flush it now, so a
+            // crash later resumes here instead of finding data without a position (which would
+            // force a full rebuild).
+            self.store.flush()?;
+        } else {
+            // In changelog order, atomically with the position.
+            self.store.write_with_metadata(chunk.in_order(), &meta)?;
+        }
+        chunk.clear();
+        self.records += n as u64;
+        self.batches += 1;
+        metrics::counter!("kstate_restore_records_total", "topic" => self.topic.to_string())
+            .increment(n as u64);
+        metrics::gauge!("kstate_restore_lag", "topic" => self.topic.to_string())
+            .set((self.high - 1 - last_offset) as f64);
+        if let Some(l) = self.listener {
+            l.on_batch_restored(&BatchRestored {
+                topic: self.topic.to_string(),
+                partition: self.partition,
+                last_offset,
+                records: n,
+                total_records: self.records,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The consumer's next offset in the partition, once it has one.
 fn consumer_position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
     let positions = consumer.position().ok()?;
@@ -371,14 +437,28 @@ fn consumer_position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Op
 struct Chunk {
     bytes: Vec<u8>,
     records: Vec<ChunkRecord>,
+    /// The buffer [`Chunk::sorted_last_wins`] gathers records into, kept for reuse.
+    scratch: Vec<u8>,
 }
 
 #[derive(Clone, Copy)]
 struct ChunkRecord {
+    /// The key's first 8 bytes as a big-endian number (zero-padded): comparing these orders most
+    /// keys without a `memcmp` call, which took a quarter of a bulk restore's time.
+    prefix: u64,
     start: usize,
     key_len: u32,
     /// `None` for a tombstone.
     value_len: Option<u32>,
+}
+
+/// `key`'s first 8 bytes, zero-padded, as a big-endian number. Unequal prefixes order as their
+/// keys do (a zero pad sorts like the end of a shorter key); equal ones need the whole keys.
+fn key_prefix(key: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let n = key.len().min(8);
+    bytes[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(bytes)
 }
 
 impl Chunk {
@@ -389,6 +469,7 @@ impl Chunk {
             self.bytes.extend_from_slice(value);
         }
         self.records.push(ChunkRecord {
+            prefix: key_prefix(key),
             start,
             key_len: key.len() as u32,
             value_len: value.map(|v| v.len() as u32),
@@ -413,8 +494,27 @@ impl Chunk {
     fn sorted_last_wins(&mut self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
         let mut order = std::mem::take(&mut self.records);
         order.reverse(); // newest first, so the stable sort keeps the newest first among equals
-        order.sort_by(|a, b| self.key(a).cmp(self.key(b)));
-        order.dedup_by(|later, kept| self.key(later) == self.key(kept));
+        order.sort_by(|a, b| {
+            a.prefix
+                .cmp(&b.prefix)
+                .then_with(|| self.key(a).cmp(self.key(b)))
+        });
+        order.dedup_by(|later, kept| {
+            later.prefix == kept.prefix && self.key(later) == self.key(kept)
+        });
+        // Gather the records into key order: a loop of independent copies, whose cache misses
+        // the CPU overlaps, so that the SST writer then reads memory in sequence. Read in place,
+        // each record cost a cache miss of its own (a third of the writer thread's time).
+        let mut sorted = std::mem::take(&mut self.scratch);
+        sorted.clear();
+        sorted.reserve(self.bytes.len());
+        for r in &mut order {
+            let len = r.key_len as usize + r.value_len.map_or(0, |v| v as usize);
+            let start = sorted.len();
+            sorted.extend_from_slice(&self.bytes[r.start..r.start + len]);
+            r.start = start;
+        }
+        self.scratch = std::mem::replace(&mut self.bytes, sorted);
         self.records = order;
         self.records.iter().map(|r| (self.key(r), self.value(r)))
     }
@@ -427,6 +527,8 @@ impl Chunk {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::Just;
+
     use super::*;
 
     #[test]
@@ -450,5 +552,30 @@ mod tests {
                 (&b"c"[..], Some(&b"3"[..]))
             ]
         );
+    }
+
+    proptest::proptest! {
+        /// Against a model: the newest record of each key, in key order. Keys of 0 to 12 bytes
+        /// from a 3-letter alphabet with zero bytes, so prefixes tie, pad and differ.
+        #[test]
+        fn a_bulk_chunk_matches_a_newest_wins_map(
+            records in proptest::collection::vec(
+                (
+                    proptest::collection::vec(proptest::prop_oneof![Just(0u8), Just(1), Just(255)], 0..12),
+                    proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..4)),
+                ),
+                0..200,
+            )
+        ) {
+            let mut chunk = Chunk::default();
+            let mut model = std::collections::BTreeMap::new();
+            for (key, value) in &records {
+                chunk.push(key, value.as_deref());
+                model.insert(key.as_slice(), value.as_deref());
+            }
+            let sorted: Vec<(&[u8], Option<&[u8]>)> = chunk.sorted_last_wins().collect();
+            let expected: Vec<(&[u8], Option<&[u8]>)> = model.into_iter().collect();
+            proptest::prop_assert_eq!(sorted, expected);
+        }
     }
 }

@@ -49,8 +49,8 @@ pub fn wal_free_write_options() -> WriteOptions {
 /// A RocksDB-backed [`KeyValueStore`] that never writes a WAL.
 pub struct RocksDbStore {
     db: DB,
-    /// The options the DB was opened with; SST files for ingestion are written with them.
-    options: rocksdb::Options,
+    /// The options SST files for ingestion are written with.
+    sst_options: rocksdb::Options,
     ingested: std::sync::atomic::AtomicU64,
     path: PathBuf,
     name: String,
@@ -87,7 +87,7 @@ impl RocksDbStore {
         tracing::debug!(path = %path.display(), "opened RocksDB store (WAL disabled)");
         Ok(RocksDbStore {
             db,
-            options: opts,
+            sst_options: options.to_rocksdb_for_ingestion(),
             ingested: std::sync::atomic::AtomicU64::new(0),
             name: path.display().to_string(),
             path,
@@ -187,7 +187,7 @@ impl RocksDbStore {
             return Ok(0);
         }
         let failed = |e| self.backend("write SST for ingestion", e);
-        let mut writer = rocksdb::SstFileWriter::create(&self.options);
+        let mut writer = rocksdb::SstFileWriter::create(&self.sst_options);
         writer.open(file).map_err(failed)?;
         let mut previous: Option<&[u8]> = None;
         let mut count = 0;
