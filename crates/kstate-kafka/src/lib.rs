@@ -17,6 +17,7 @@
 mod config;
 mod durability;
 mod error;
+mod key_prefix;
 mod logged_store;
 mod overlay;
 mod position;

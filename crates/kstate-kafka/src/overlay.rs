@@ -12,8 +12,11 @@ use std::iter::Peekable;
 
 use kstate_core::{Entry, EntryIter, KeyRange, Mutation, Order, Result};
 
-/// Keys mapped to their newest value, or `None` for a delete.
-pub(crate) type Map = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+use crate::key_prefix::PrefixedKey;
+
+/// Keys mapped to their newest value, or `None` for a delete. Keys compare by their first 8
+/// bytes held in the map's own nodes, so an insert rarely follows a pointer to another key.
+pub(crate) type Map = BTreeMap<PrefixedKey, Option<Vec<u8>>>;
 
 /// An overlay map with its size, for the bounds.
 #[derive(Debug, Default)]
@@ -25,7 +28,7 @@ pub(crate) struct Overlay {
 impl Overlay {
     pub(crate) fn insert(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
         let (key_len, value_len) = (key.len(), value.as_ref().map_or(0, Vec::len));
-        match self.map.insert(key, value) {
+        match self.map.insert(PrefixedKey::new(key), value) {
             Some(old) => self.bytes = self.bytes - old.map_or(0, |v| v.len()) + value_len,
             None => self.bytes += key_len + value_len,
         }

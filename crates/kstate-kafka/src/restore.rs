@@ -45,6 +45,7 @@ use rdkafka::message::Message;
 
 use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
+use crate::key_prefix::key_prefix;
 use crate::position::ChangelogPosition;
 
 /// Checks a replayed record before it is applied, e.g. that the typed layer can decode it.
@@ -443,22 +444,12 @@ struct Chunk {
 
 #[derive(Clone, Copy)]
 struct ChunkRecord {
-    /// The key's first 8 bytes as a big-endian number (zero-padded): comparing these orders most
-    /// keys without a `memcmp` call, which took a quarter of a bulk restore's time.
+    /// [`key_prefix`] of the key: the sort compares these first.
     prefix: u64,
     start: usize,
     key_len: u32,
     /// `None` for a tombstone.
     value_len: Option<u32>,
-}
-
-/// `key`'s first 8 bytes, zero-padded, as a big-endian number. Unequal prefixes order as their
-/// keys do (a zero pad sorts like the end of a shorter key); equal ones need the whole keys.
-fn key_prefix(key: &[u8]) -> u64 {
-    let mut bytes = [0u8; 8];
-    let n = key.len().min(8);
-    bytes[..n].copy_from_slice(&key[..n]);
-    u64::from_be_bytes(bytes)
 }
 
 impl Chunk {
