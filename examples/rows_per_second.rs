@@ -796,6 +796,7 @@ fn measure_restore(
         .set("fetch.max.bytes", "67108864")
         .set("max.partition.fetch.bytes", "16777216")
         .set("queued.min.messages", "200000")
+        .set("fetch.queue.backoff.ms", "10")
         .create()?;
     let (_, high) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(30))?;
     let mut tpl = TopicPartitionList::new();

@@ -48,6 +48,9 @@ use crate::error::ChangelogError;
 use crate::key_prefix::key_prefix;
 use crate::position::ChangelogPosition;
 
+/// `fetch.queue.backoff.ms` of the restore consumer (see where it is set).
+pub(crate) const RESTORE_FETCH_QUEUE_BACKOFF_MS: &str = "10";
+
 /// Checks a replayed record before it is applied, e.g. that the typed layer can decode it.
 /// A rejected record fails the restore with an error naming topic, partition and offset.
 pub type RecordCheck = Arc<dyn Fn(&[u8], &[u8]) -> Result<(), BoxError> + Send + Sync>;
@@ -146,6 +149,10 @@ pub(crate) fn restore(
         .set("fetch.max.bytes", "67108864")
         .set("max.partition.fetch.bytes", "16777216")
         .set("queued.min.messages", "200000")
+        // Once the local queue is full, librdkafka postpones the next fetch by this long
+        // (default 1 s). A restore drains the queue in well under that, and then sat idle: one
+        // run in two lost most of a second per million records (430k against 690k records/s).
+        .set("fetch.queue.backoff.ms", RESTORE_FETCH_QUEUE_BACKOFF_MS)
         .create()
         .map_err(|e| kafka("create restore consumer", e))?;
     let (low, high) = consumer
