@@ -793,9 +793,8 @@ fn measure_restore(
         .set("group.id", "kstate-rows-per-second-baseline")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
-        .set("fetch.max.bytes", "67108864")
-        .set("max.partition.fetch.bytes", "16777216")
-        .set("queued.min.messages", "200000")
+        // The restore consumer's fetch settings (kstate-kafka's restore.rs).
+        .set("max.partition.fetch.bytes", "2097152")
         .set("fetch.queue.backoff.ms", "10")
         .create()?;
     let (_, high) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(30))?;

@@ -49,7 +49,9 @@ use crate::key_prefix::key_prefix;
 use crate::position::ChangelogPosition;
 
 /// `fetch.queue.backoff.ms` of the restore consumer (see where it is set).
-pub(crate) const RESTORE_FETCH_QUEUE_BACKOFF_MS: &str = "10";
+const RESTORE_FETCH_QUEUE_BACKOFF_MS: &str = "10";
+/// `max.partition.fetch.bytes` of the restore consumer: 2 MiB.
+const RESTORE_PARTITION_FETCH_BYTES: &str = "2097152";
 
 /// Checks a replayed record before it is applied, e.g. that the typed layer can decode it.
 /// A rejected record fails the restore with an error naming topic, partition and offset.
@@ -146,13 +148,13 @@ pub(crate) fn restore(
         // If the log start moves past the position while restoring, fail instead of skipping
         // records silently; the next open then sees the truncation and rebuilds.
         .set("auto.offset.reset", "error")
-        .set("fetch.max.bytes", "67108864")
-        .set("max.partition.fetch.bytes", "16777216")
-        .set("queued.min.messages", "200000")
-        // Once the local queue is full, librdkafka postpones the next fetch by this long
-        // (default 1 s). A restore drains the queue in well under that, and then sat idle: one
-        // run in two lost most of a second per million records (430k against 690k records/s).
+        // Fetch settings measured on 1,000,000-record restores (BENCHMARKS.md). Once the local
+        // queue is full, librdkafka postpones the next fetch by `fetch.queue.backoff.ms` (1 s by
+        // default); a restore drains the queue far sooner and then sat idle, losing most of a
+        // second per million records. 2 MiB fetches with the default queue (100,000 messages)
+        // beat 16 MiB with 200,000 by about 18%: less memory to fault in per response.
         .set("fetch.queue.backoff.ms", RESTORE_FETCH_QUEUE_BACKOFF_MS)
+        .set("max.partition.fetch.bytes", RESTORE_PARTITION_FETCH_BYTES)
         .create()
         .map_err(|e| kafka("create restore consumer", e))?;
     let (low, high) = consumer
