@@ -111,7 +111,8 @@ impl RestoreReport {
 pub trait RestoreListener: Send + Sync {
     /// Before the first record.
     fn on_restore_start(&self, _start: &RestoreStart) {}
-    /// After each batch is written.
+    /// After each batch is written, in changelog order, from the restore's writer thread (the
+    /// other two methods are called from the thread that opens the store).
     fn on_batch_restored(&self, _batch: &BatchRestored) {}
     /// After the last batch.
     fn on_restore_end(&self, _report: &RestoreReport) {}
