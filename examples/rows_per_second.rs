@@ -6,7 +6,7 @@
 //! cargo run --release --example rows_per_second -- [--rows N] [--value-size BYTES] [--batch N]
 //!     [--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME]
 //!     [--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--threads N[,N...]]
-//!     [--client-property KEY=VALUE] [--json PATH]
+//!     [--client-property KEY=VALUE] [--linger-ms N] [--json PATH]
 //! ```
 //!
 //! `--threads 1,2,4` runs every configuration once per thread count, with one store per thread
@@ -16,7 +16,8 @@
 //! the total work stays the same and rows/s shows how the configuration scales with partitions.
 //!
 //! `--client-property KEY=VALUE` (repeatable) passes a librdkafka property to the logged
-//! configurations' clients, e.g. `compression.type=none`.
+//! configurations' clients, e.g. `compression.type=none`; `--linger-ms N` sets their producer's
+//! linger (`ChangelogConfig::linger`).
 //!
 //! `--json PATH` also writes every result (with the progress points) for machines;
 //! `benches/chart.py` turns it into the cumulative-rows-against-time chart.
@@ -77,13 +78,14 @@ struct Args {
     compression: Option<Compression>,
     threads: Vec<usize>,
     client_properties: Vec<(String, String)>,
+    linger: Option<Duration>,
     json: Option<PathBuf>,
 }
 
 const USAGE: &str = "usage: rows_per_second [--rows N] [--value-size BYTES] [--batch N] \
 [--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME] \
 [--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--threads N[,N...]] \
-[--client-property KEY=VALUE] [--json PATH]";
+[--client-property KEY=VALUE] [--linger-ms N] [--json PATH]";
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -100,6 +102,7 @@ impl Args {
             compression: None,
             threads: vec![1],
             client_properties: Vec::new(),
+            linger: None,
             json: None,
         };
         let mut it = std::env::args().skip(1);
@@ -151,6 +154,7 @@ impl Args {
                     args.client_properties
                         .push((key.to_string(), val.to_string()));
                 }
+                "--linger-ms" => args.linger = Some(Duration::from_millis(number(&value)?)),
                 "--dir" => args.dir = Some(PathBuf::from(value)),
                 "--configs" => {
                     args.configs = value.split(',').map(str::to_string).collect();
@@ -254,6 +258,8 @@ struct RunContext {
     restore_topic: Option<String>,
     /// librdkafka properties for the logged configurations.
     client_properties: Vec<(String, String)>,
+    /// `ChangelogConfig::linger` for the logged configurations, when set.
+    linger: Option<Duration>,
 }
 
 /// Which of a configuration's stores a sink is: thread `index` of `threads`.
@@ -290,6 +296,9 @@ impl RunContext {
         .durability(mode);
         for (key, value) in &self.client_properties {
             config = config.client_property(key, value);
+        }
+        if let Some(linger) = self.linger {
+            config = config.linger(linger);
         }
         Ok(Box::new(StoreSink(LoggedStore::open(dir, opts, config)?)))
     }
@@ -627,6 +636,7 @@ fn main() -> Result<()> {
         ),
         restore_topic: args.restore_topic.clone(),
         client_properties: args.client_properties.clone(),
+        linger: args.linger,
     };
     let mut results: Vec<ConfigResult> = Vec::new();
     let mut skipped = Vec::new();

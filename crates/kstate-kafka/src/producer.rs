@@ -227,7 +227,10 @@ impl ChangelogProducer {
                 "message.timeout.ms",
                 config.delivery_timeout.as_millis().to_string(),
             )
-            .set("linger.ms", config.linger.as_millis().to_string())
+            .set(
+                "linger.ms",
+                format!("{}", config.effective_linger().as_secs_f64() * 1e3),
+            )
             .set(
                 "message.max.bytes",
                 (config.max_record_bytes + crate::config::RECORD_OVERHEAD)
