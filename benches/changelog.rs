@@ -138,39 +138,26 @@ fn restore_rate(c: &mut Criterion) {
         store.close().expect("close");
         report.elapsed
     };
-    for chunk in [10_000usize, 50_000, 250_000] {
-        group.bench_with_input(
-            BenchmarkId::new("bulk-chunk", chunk),
-            &chunk,
-            |b, &chunk| {
-                b.iter_custom(|iters| {
-                    (0..iters)
-                        .map(|_| {
-                            let config =
-                                ChangelogConfig::new(&servers, &topic, 0).bulk_chunk_records(chunk);
-                            restore(config, None)
-                        })
-                        .sum()
-                })
-            },
-        );
-    }
-    for batch in [1_000usize, 10_000, 100_000] {
-        group.bench_with_input(
-            BenchmarkId::new("catch-up-batch", batch),
-            &batch,
-            |b, &batch| {
-                b.iter_custom(|iters| {
-                    (0..iters)
-                        .map(|_| {
-                            let config = ChangelogConfig::new(&servers, &topic, 0)
-                                .restore_batch_records(batch);
-                            restore(config, Some(stale.path()))
-                        })
-                        .sum()
-                })
-            },
-        );
+    // (name, size, the config for that size, the directory to start from: none for the bulk
+    // path into an empty store, the stale store for the catch-up path)
+    type Case<'a> = (&'a str, usize, ChangelogConfig, Option<&'a Path>);
+    let base = || ChangelogConfig::new(&servers, &topic, 0);
+    let cases: Vec<Case> = [10_000, 50_000, 250_000]
+        .into_iter()
+        .map(|n| ("bulk-chunk", n, base().bulk_chunk_records(n), None))
+        .chain([1_000, 10_000, 100_000].into_iter().map(|n| {
+            (
+                "catch-up-batch",
+                n,
+                base().restore_batch_records(n),
+                Some(stale.path()),
+            )
+        }))
+        .collect();
+    for (name, size, config, from) in cases {
+        group.bench_function(BenchmarkId::new(name, size), |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| restore(config.clone(), from)).sum())
+        });
     }
     group.finish();
 }
