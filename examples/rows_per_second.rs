@@ -45,8 +45,8 @@
 //! The clock covers the write calls only; the flush after them is reported on its own line.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -146,6 +146,14 @@ impl Args {
                             n => Ok(usize::try_from(n)?),
                         })
                         .collect::<Result<_>>()?;
+                    let mut seen = args.threads.clone();
+                    seen.sort_unstable();
+                    seen.dedup();
+                    if seen.len() != args.threads.len() {
+                        bail!(
+                            "--threads: each count at most once (a repeat would reuse its topic)"
+                        );
+                    }
                 }
                 "--client-property" => {
                     let (key, val) = value.split_once('=').with_context(|| {
@@ -254,8 +262,11 @@ struct RunContext {
     /// Makes this run's changelog topics unique.
     run_id: String,
     /// The changelog topic of `logged-group`, when the caller names it (so that another system
-    /// can restore the very same records).
+    /// can restore the very same records); used at the first thread count, whose changelog the
+    /// restore measurement replays.
     restore_topic: Option<String>,
+    /// The first thread count.
+    restore_threads: usize,
     /// librdkafka properties for the logged configurations.
     client_properties: Vec<(String, String)>,
     /// `ChangelogConfig::linger` for the logged configurations, when set.
@@ -273,7 +284,9 @@ impl RunContext {
     /// The changelog topic of `config` when it runs on `threads` threads (one partition each).
     fn topic(&self, config: &str, threads: usize) -> String {
         match &self.restore_topic {
-            Some(topic) if config == RESTORED_CONFIG && threads == 1 => topic.clone(),
+            Some(topic) if config == RESTORED_CONFIG && threads == self.restore_threads => {
+                topic.clone()
+            }
             _ => format!("kstate-rows-per-second-{}-{config}-t{threads}", self.run_id),
         }
     }
@@ -507,36 +520,46 @@ fn write_rows(
     rows: usize,
     batch: usize,
     progress: &Progress,
+    writes_finished: &Barrier,
 ) -> Result<ThreadOutcome> {
     let mut latency_ns = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(batch);
     let mine = rows.saturating_sub(slot.index).div_ceil(slot.threads);
     let mut unreported = 0;
-    for (n, i) in (slot.index..rows).step_by(slot.threads).enumerate() {
-        let (key, value) = work.row(i);
-        let call = Instant::now();
-        if batch == 1 {
-            sink.put(&key, value)?;
-        } else {
-            pending.push((key.to_vec(), value.to_vec()));
-            if pending.len() == batch || n + 1 == mine {
-                sink.put_batch(&pending)?;
-                pending.clear();
+    let mut write = || -> Result<()> {
+        for (n, i) in (slot.index..rows).step_by(slot.threads).enumerate() {
+            let (key, value) = work.row(i);
+            let call = Instant::now();
+            if batch == 1 {
+                sink.put(&key, value)?;
+            } else {
+                pending.push((key.to_vec(), value.to_vec()));
+                if pending.len() == batch || n + 1 == mine {
+                    sink.put_batch(&pending)?;
+                    pending.clear();
+                }
+            }
+            latency_ns.saturating_record(call.elapsed().as_nanos() as u64);
+            unreported += 1;
+            if unreported == PROGRESS_STRIDE {
+                progress.add(unreported);
+                unreported = 0;
             }
         }
-        latency_ns.saturating_record(call.elapsed().as_nanos() as u64);
-        unreported += 1;
-        if unreported == PROGRESS_STRIDE {
-            progress.add(unreported);
-            unreported = 0;
-        }
-    }
-    progress.add(unreported);
+        progress.add(unreported);
+        Ok(())
+    };
+    let written = write();
     let writes_done = Instant::now();
+    // No thread flushes (for a logged store: commits and closes) while others still write; a
+    // thread that failed waits too, so that the others are not left waiting for it.
+    writes_finished.wait();
+    written?;
+    let flush_start = Instant::now();
     sink.finish().context("flush")?;
     Ok(ThreadOutcome {
         writes_done,
-        finish: writes_done.elapsed(),
+        finish: flush_start.elapsed(),
         latency_ns,
     })
 }
@@ -567,15 +590,24 @@ fn run_config(
         })
         .collect::<Result<Vec<_>>>()?;
     let progress = Progress::new();
+    let writes_finished = Barrier::new(threads);
     let outcomes = std::thread::scope(|scope| {
         let handles: Vec<_> = sinks
             .iter_mut()
             .enumerate()
             .map(|(index, sink)| {
-                let progress = &progress;
+                let (progress, writes_finished) = (&progress, &writes_finished);
                 let slot = Slot { index, threads };
                 scope.spawn(move || {
-                    write_rows(sink.as_mut(), work, slot, rows, args.batch, progress)
+                    write_rows(
+                        sink.as_mut(),
+                        work,
+                        slot,
+                        rows,
+                        args.batch,
+                        progress,
+                        writes_finished,
+                    )
                 })
             })
             .collect();
@@ -635,6 +667,7 @@ fn main() -> Result<()> {
                 .as_secs()
         ),
         restore_topic: args.restore_topic.clone(),
+        restore_threads: args.threads[0],
         client_properties: args.client_properties.clone(),
         linger: args.linger,
     };

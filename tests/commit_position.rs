@@ -72,7 +72,6 @@ fn unacknowledged_counts_sends_until_the_broker_acknowledges_them() -> Result<()
     for i in 0..10_000u32 {
         store.put(&i.to_be_bytes(), b"value")?;
     }
-    assert!(store.unacknowledged() <= 10_000);
     store.commit()?; // waits for the acknowledgement of the last record, so of all of them
     assert_eq!(store.unacknowledged(), 0, "after a commit");
     store.set_durability(Durability::Sync);

@@ -119,10 +119,11 @@ impl ChangelogConfig {
     /// A `sync` put waits for its own record, so any linger is added to every put: 5.4 ms per put
     /// with librdkafka's 5 ms default against 0.1 ms with 0. In `async` and `group` no put waits
     /// for its record, and 1 ms of linger lets the producer send fuller batches: `logged-group`
-    /// wrote 25–40% more rows/s than with 0 (BENCHMARKS.md). The producer is created once, so a
-    /// store opened in `async` or `group` and switched to `sync` later keeps its linger, and
-    /// its `sync` puts take about that much longer: set `linger(Duration::ZERO)` for such a
-    /// store.
+    /// wrote 25–40% more rows/s than with 0 (BENCHMARKS.md). The producer is created once with
+    /// the linger of the opening mode: a store opened in `async` or `group` and switched to
+    /// `sync` later keeps 1 ms, which every `sync` put then waits out (set
+    /// `linger(Duration::ZERO)` for such a store), and one opened in `sync` and switched to
+    /// `group` keeps 0 and sends smaller batches. A linger set here applies in every mode.
     pub fn linger(mut self, linger: Duration) -> Self {
         self.linger = Some(linger);
         self
@@ -143,8 +144,9 @@ impl ChangelogConfig {
     }
 
     /// Records per SST file when restoring into an empty store (the bulk path; default 250,000,
-    /// about 30 MB of 100-byte values per chunk; a restore holds two, one being read while the
-    /// other is written).
+    /// about 30 MB with 100-byte values). A restore holds up to three chunks' worth of memory:
+    /// one being read, one being written, and the buffer the writer sorts into (about 90 MB at
+    /// the default; lower it where memory is tight: 100,000 measured about 5% slower).
     pub fn bulk_chunk_records(mut self, n: usize) -> Self {
         self.bulk_chunk_records = n.max(1);
         self
@@ -164,7 +166,9 @@ impl ChangelogConfig {
     /// settings, or `compression.type`, default `lz4`). The properties the changelog depends on
     /// (`acks`, `enable.idempotence`, `max.in.flight.requests.per.connection`,
     /// `message.timeout.ms`, `linger.ms`, `message.max.bytes`, `isolation.level`) are set by the
-    /// store and cannot be overridden; use the dedicated setters.
+    /// store and cannot be overridden; use the dedicated setters. Nor can the restore
+    /// consumer's `auto.offset.reset`, `enable.partition.eof`, `fetch.queue.backoff.ms` and
+    /// `max.partition.fetch.bytes`, which were measured (BENCHMARKS.md).
     pub fn client_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.client_overrides.insert(key.into(), value.into());
         self

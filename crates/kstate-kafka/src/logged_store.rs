@@ -184,9 +184,9 @@ impl LoggedStore {
     }
 
     /// Switches the durability mode; takes effect for the next write. The producer's linger is
-    /// the one chosen at open ([`ChangelogConfig::linger`]): a store opened in `async` or
-    /// `group` mode keeps its 1 ms linger when switched to `sync`, which each `sync` put then
-    /// waits out.
+    /// the one chosen at open ([`ChangelogConfig::linger`]): unless set explicitly, a store
+    /// opened in `async` or `group` mode keeps its 1 ms linger when switched to `sync`, which
+    /// each `sync` put then waits out.
     pub fn set_durability(&self, mode: Durability) {
         *lock(&self.shared.mode) = mode;
         self.shared.mode_changed.notify_all();

@@ -229,7 +229,7 @@ impl ChangelogProducer {
             )
             .set(
                 "linger.ms",
-                format!("{}", config.effective_linger().as_secs_f64() * 1e3),
+                format!("{}", config.effective_linger().as_micros() as f64 / 1e3),
             )
             .set(
                 "message.max.bytes",

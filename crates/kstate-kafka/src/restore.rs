@@ -237,19 +237,22 @@ pub(crate) fn restore(
             high,
             bulk,
             listener,
+            scratch: Vec::new(),
             records: 0,
             batches: 0,
         };
+        let writer_span = span.clone();
         (records, batches) = std::thread::scope(|scope| {
             // Full chunks go to a writer thread, so that sorting and writing one chunk overlaps
             // reading the next (a profile of the single-threaded restore spent a quarter of its
-            // time writing). A rendezvous channel: at most one chunk being written and one being
+            // time writing). A rendezvous channel: one chunk being written while the next is
             // filled; written chunks come back to be refilled without reallocating.
             let (to_writer, full_chunks) = std::sync::mpsc::sync_channel::<(Chunk, i64)>(0);
             let (to_reader, spare) = std::sync::mpsc::channel::<Chunk>();
             let writing = std::thread::Builder::new()
                 .name("kstate-restore-writer".into())
                 .spawn_scoped(scope, move || {
+                    let _entered = writer_span.enter();
                     let mut writer = writer;
                     for (mut chunk, last_offset) in full_chunks {
                         writer.write(&mut chunk, last_offset)?;
@@ -264,90 +267,113 @@ pub(crate) fn restore(
                         e,
                     ))
                 })?;
-            let mut batch = Chunk::default();
-            let mut last_offset = start_offset - 1;
-            let mut last_progress = Instant::now();
-            let mut progress_offset = last_offset;
-            loop {
-                match consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(message)) => {
-                        let offset = message.offset();
-                        let bad =
-                            |problem: String, source: Option<BoxError>| ChangelogError::BadRecord {
-                                topic: topic.to_string(),
-                                partition,
-                                offset,
-                                problem,
-                                source,
+            // Reads until the end, handing full chunks to the writer. It owns the sending side:
+            // dropping it (below, however it returned) ends the writer's loop. It borrows the
+            // consumer, whose teardown is not part of the restore.
+            let consumer = &consumer;
+            let reader = move || -> Result<(), ChangelogError> {
+                let mut batch = Chunk::default();
+                let mut last_offset = start_offset - 1;
+                let mut last_progress = Instant::now();
+                let mut progress_offset = last_offset;
+                loop {
+                    match consumer.poll(Duration::from_millis(100)) {
+                        Some(Ok(message)) => {
+                            let offset = message.offset();
+                            let bad = |problem: String, source: Option<BoxError>| {
+                                ChangelogError::BadRecord {
+                                    topic: topic.to_string(),
+                                    partition,
+                                    offset,
+                                    problem,
+                                    source,
+                                }
                             };
-                        let key = message
-                            .key()
-                            .ok_or_else(|| bad("the record has no key".into(), None))?;
-                        let value = message.payload();
-                        if let (Some(check), Some(value)) = (check, value) {
-                            check(key, value)
-                                .map_err(|e| bad("the record does not decode".into(), Some(e)))?;
-                        }
-                        batch.push(key, value);
-                        last_offset = offset;
-                        if batch.records.len() >= chunk_records {
-                            let next = spare.try_recv().unwrap_or_default();
-                            let full = std::mem::replace(&mut batch, next);
-                            if to_writer.send((full, last_offset)).is_err() {
-                                break; // the writer failed: its error is returned below
+                            let key = message
+                                .key()
+                                .ok_or_else(|| bad("the record has no key".into(), None))?;
+                            let value = message.payload();
+                            if let (Some(check), Some(value)) = (check, value) {
+                                check(key, value).map_err(|e| {
+                                    bad("the record does not decode".into(), Some(e))
+                                })?;
+                            }
+                            batch.push(key, value);
+                            last_offset = offset;
+                            if batch.records.len() >= chunk_records {
+                                // Send, then take the chunk the writer returned before it took
+                                // this one: never more than two chunks.
+                                if to_writer
+                                    .send((std::mem::take(&mut batch), last_offset))
+                                    .is_err()
+                                {
+                                    break; // the writer failed: its error is returned below
+                                }
+                                batch = spare.try_recv().unwrap_or_default();
+                            }
+                            if offset + 1 >= high {
+                                break;
                             }
                         }
-                        if offset + 1 >= high {
-                            break;
+                        Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                            // Markers and compacted-away offsets leave gaps: the position, not the last
+                            // record, says whether the end is reached.
+                            let position = consumer_position(consumer, topic, partition);
+                            if position.is_some_and(|p| p >= high) {
+                                break;
+                            }
+                            let progress = position.unwrap_or(last_offset).max(last_offset);
+                            if progress != progress_offset {
+                                // Read the clock only when idle, never per record.
+                                (progress_offset, last_progress) = (progress, Instant::now());
+                            } else if last_progress.elapsed() > config.open_timeout {
+                                return Err(kafka(
+                                    "restore (no progress within the open timeout)",
+                                    KafkaError::MessageConsumption(
+                                        rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+                                    ),
+                                ));
+                            }
                         }
-                    }
-                    Some(Err(KafkaError::PartitionEOF(_))) | None => {
-                        // Markers and compacted-away offsets leave gaps: the position, not the last
-                        // record, says whether the end is reached.
-                        let position = consumer_position(&consumer, topic, partition);
-                        if position.is_some_and(|p| p >= high) {
-                            break;
-                        }
-                        let progress = position.unwrap_or(last_offset).max(last_offset);
-                        if progress != progress_offset {
-                            // Read the clock only when idle, never per record.
-                            (progress_offset, last_progress) = (progress, Instant::now());
-                        } else if last_progress.elapsed() > config.open_timeout {
+                        Some(Err(e @ KafkaError::MessageConsumption(code)))
+                            if code == rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange
+                                || code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset =>
+                        {
                             return Err(kafka(
-                                "restore (no progress within the open timeout)",
-                                KafkaError::MessageConsumption(
-                                    rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
-                                ),
+                                "restore read (the log moved past the restore position)",
+                                e,
                             ));
                         }
-                    }
-                    Some(Err(e @ KafkaError::MessageConsumption(code)))
-                        if code == rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange
-                            || code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset =>
-                    {
-                        return Err(kafka(
-                            "restore read (the log moved past the restore position)",
-                            e,
-                        ));
-                    }
-                    Some(Err(e)) => {
-                        // Transient client errors (a broker restarting, a connection dropped) are
-                        // retried by librdkafka; the stall timeout above ends a restore that stops
-                        // making progress.
-                        tracing::warn!(error = %e, "restore read error; retrying");
+                        Some(Err(e)) => {
+                            // Transient client errors (a broker restarting, a connection dropped) are
+                            // retried by librdkafka; the stall timeout above ends a restore that stops
+                            // making progress.
+                            tracing::warn!(error = %e, "restore read error; retrying");
+                        }
                     }
                 }
-            }
-            // The last chunk; a failed send means the writer stopped on an error, returned here.
-            let _ = to_writer.send((batch, last_offset));
-            drop(to_writer);
-            writing.join().map_err(|_| {
+                // The last chunk; a failed send means the writer stopped on an error.
+                let _ = to_writer.send((batch, last_offset));
+                Ok(())
+            };
+            let read = reader();
+            drop(reader);
+            // Always joined, so that a writer that failed or panicked is reported here.
+            let written = writing.join().map_err(|_| {
                 ChangelogError::Store(kstate_core::Error::backend(
                     path.display().to_string(),
                     "restore writer thread",
                     std::io::Error::other("panicked"),
                 ))
-            })?
+            })?;
+            match (read, written) {
+                (Err(read), Err(write)) => {
+                    tracing::warn!(error = %write, "the restore writer failed as well");
+                    Err(read)
+                }
+                (Err(read), Ok(_)) => Err(read),
+                (Ok(()), written) => written,
+            }
         })?;
     }
     let report = RestoreReport {
@@ -380,6 +406,8 @@ struct ChunkWriter<'a> {
     /// Ingest sorted SST files (an empty store) instead of write batches in changelog order.
     bulk: bool,
     listener: Option<&'a dyn RestoreListener>,
+    /// The buffer bulk chunks are sorted into.
+    scratch: Vec<u8>,
     records: u64,
     batches: u64,
 }
@@ -402,7 +430,8 @@ impl ChunkWriter<'_> {
             .collect();
         if self.bulk {
             // Sorted, newest record of each key only, as one SST file; then the position.
-            self.store.ingest_sorted(chunk.sorted_last_wins())?;
+            self.store
+                .ingest_sorted(chunk.sorted_last_wins(&mut self.scratch))?;
             self.store.write_with_metadata(std::iter::empty(), &meta)?;
             // The SST is durable at once, the position only once flushed: flush it now, so a
             // crash later resumes here instead of finding data without a position (which would
@@ -448,8 +477,6 @@ fn consumer_position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Op
 struct Chunk {
     bytes: Vec<u8>,
     records: Vec<ChunkRecord>,
-    /// The buffer [`Chunk::sorted_last_wins`] gathers records into, kept for reuse.
-    scratch: Vec<u8>,
 }
 
 #[derive(Clone, Copy)]
@@ -491,8 +518,13 @@ impl Chunk {
         r.value_len.map(|len| &self.bytes[at..at + len as usize])
     }
 
-    /// The records sorted by key, keeping only the last (newest) record of each key.
-    fn sorted_last_wins(&mut self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+    /// The records sorted by key, keeping only the last (newest) record of each key. They are
+    /// gathered into `scratch`, which then holds this chunk's old buffer (the buffers swap, so
+    /// one scratch buffer serves every chunk).
+    fn sorted_last_wins(
+        &mut self,
+        scratch: &mut Vec<u8>,
+    ) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
         let mut order = std::mem::take(&mut self.records);
         order.reverse(); // newest first, so the stable sort keeps the newest first among equals
         order.sort_by(|a, b| {
@@ -506,7 +538,7 @@ impl Chunk {
         // Gather the records into key order: a loop of independent copies, whose cache misses
         // the CPU overlaps, so that the SST writer then reads memory in sequence. Read in place,
         // each record cost a cache miss of its own (a third of the writer thread's time).
-        let mut sorted = std::mem::take(&mut self.scratch);
+        let mut sorted = std::mem::take(scratch);
         sorted.clear();
         sorted.reserve(self.bytes.len());
         for r in &mut order {
@@ -515,7 +547,7 @@ impl Chunk {
             sorted.extend_from_slice(&self.bytes[r.start..r.start + len]);
             r.start = start;
         }
-        self.scratch = std::mem::replace(&mut self.bytes, sorted);
+        *scratch = std::mem::replace(&mut self.bytes, sorted);
         self.records = order;
         self.records.iter().map(|r| (self.key(r), self.value(r)))
     }
@@ -544,7 +576,7 @@ mod tests {
         ] {
             chunk.push(k, v);
         }
-        let sorted: Vec<(&[u8], Option<&[u8]>)> = chunk.sorted_last_wins().collect();
+        let sorted: Vec<(&[u8], Option<&[u8]>)> = chunk.sorted_last_wins(&mut Vec::new()).collect();
         assert_eq!(
             sorted,
             vec![
@@ -568,15 +600,22 @@ mod tests {
                 0..200,
             )
         ) {
-            let mut chunk = Chunk::default();
             let mut model = std::collections::BTreeMap::new();
             for (key, value) in &records {
-                chunk.push(key, value.as_deref());
                 model.insert(key.as_slice(), value.as_deref());
             }
-            let sorted: Vec<(&[u8], Option<&[u8]>)> = chunk.sorted_last_wins().collect();
             let expected: Vec<(&[u8], Option<&[u8]>)> = model.into_iter().collect();
-            proptest::prop_assert_eq!(sorted, expected);
+            // Twice through one chunk and one scratch buffer, as the writer reuses them.
+            let (mut chunk, mut scratch) = (Chunk::default(), Vec::new());
+            for _ in 0..2 {
+                chunk.clear();
+                for (key, value) in &records {
+                    chunk.push(key, value.as_deref());
+                }
+                let sorted: Vec<(&[u8], Option<&[u8]>)> =
+                    chunk.sorted_last_wins(&mut scratch).collect();
+                proptest::prop_assert_eq!(&sorted, &expected);
+            }
         }
     }
 }

@@ -214,9 +214,10 @@ const LAUNCHER: &str = "scripts/kafka";
 
 /// `scripts/kafka` of the checkout being run: found at run time from the package directory
 /// cargo names (`CARGO_MANIFEST_DIR`, set for tests and benches) or the working directory, and
-/// their parents. Not from the compile-time `env!("CARGO_MANIFEST_DIR")`: a target directory
-/// shared between checkouts reuses this crate's build, path and all, and would run another
-/// checkout's script, or one that no longer exists.
+/// their parents up to the workspace root (the directory with `Cargo.lock`). Not from the
+/// compile-time `env!("CARGO_MANIFEST_DIR")`: a target directory shared between checkouts
+/// reuses this crate's build, path and all, and would run another checkout's script, or one
+/// that no longer exists.
 pub fn launcher_script() -> PathBuf {
     let starts = [
         std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from),
@@ -225,9 +226,18 @@ pub fn launcher_script() -> PathBuf {
     starts
         .iter()
         .flatten()
-        .flat_map(|start| start.ancestors())
-        .map(|dir| dir.join(LAUNCHER))
-        .find(|script| script.is_file())
+        .find_map(|start| {
+            for dir in start.ancestors() {
+                let script = dir.join(LAUNCHER);
+                if script.is_file() {
+                    return Some(script);
+                }
+                if dir.join("Cargo.lock").is_file() {
+                    return None; // the workspace root: nothing above it is ours
+                }
+            }
+            None
+        })
         .unwrap_or_else(|| PathBuf::from(LAUNCHER))
 }
 
