@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use hdrhistogram::Histogram;
 use kstate::kstate_core::{Batch, KeyValueStore};
-use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
+use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore, RESTORE_FETCH_SETTINGS};
 use kstate::kstate_rocksdb::rocksdb::{self, ColumnFamilyDescriptor, DB, WriteOptions};
 use kstate::kstate_rocksdb::{
     Compression, METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore,
@@ -831,15 +831,16 @@ fn measure_restore(
         report.records_per_sec()
     );
 
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+    let mut client = rdkafka::ClientConfig::new();
+    client
         .set("bootstrap.servers", servers)
         .set("group.id", "kstate-rows-per-second-baseline")
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        // The restore consumer's fetch settings (kstate-kafka's restore.rs).
-        .set("max.partition.fetch.bytes", "2097152")
-        .set("fetch.queue.backoff.ms", "10")
-        .create()?;
+        .set("isolation.level", "read_committed");
+    for (key, value) in RESTORE_FETCH_SETTINGS {
+        client.set(*key, *value);
+    }
+    let consumer: BaseConsumer = client.create()?;
     let (_, high) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(30))?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;

@@ -30,4 +30,7 @@ pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
 pub use error::ChangelogError;
 pub use logged_store::{LoggedStore, OpenHooks};
 pub use position::{ChangelogPosition, FORMAT_VERSION};
-pub use restore::{BatchRestored, RecordCheck, RestoreListener, RestoreReport, RestoreStart};
+pub use restore::{
+    BatchRestored, RESTORE_FETCH_SETTINGS, RecordCheck, RestoreListener, RestoreReport,
+    RestoreStart,
+};

@@ -48,10 +48,16 @@ use crate::error::ChangelogError;
 use crate::key_prefix::key_prefix;
 use crate::position::ChangelogPosition;
 
-/// `fetch.queue.backoff.ms` of the restore consumer (see where it is set).
-const RESTORE_FETCH_QUEUE_BACKOFF_MS: &str = "10";
-/// `max.partition.fetch.bytes` of the restore consumer: 2 MiB.
-const RESTORE_PARTITION_FETCH_BYTES: &str = "2097152";
+/// The restore consumer's fetch settings, measured on 1,000,000-record restores (BENCHMARKS.md).
+/// Once the local queue is full, librdkafka postpones the next fetch by `fetch.queue.backoff.ms`
+/// (1 s by default); a restore drains the queue far sooner and then sat idle, losing most of a
+/// second per million records. 2 MiB fetches with the default queue (100,000 messages) beat
+/// 16 MiB with 200,000 by about 18%: less memory to fault in per response. Public so that a
+/// baseline consumer (the rows-per-second example's) reads with exactly these.
+pub const RESTORE_FETCH_SETTINGS: &[(&str, &str)] = &[
+    ("fetch.queue.backoff.ms", "10"),
+    ("max.partition.fetch.bytes", "2097152"),
+];
 
 /// Checks a replayed record before it is applied, e.g. that the typed layer can decode it.
 /// A rejected record fails the restore with an error naming topic, partition and offset.
@@ -140,8 +146,11 @@ pub(crate) fn restore(
     let mut store = RocksDbStore::open(path, options)?;
     let position = ChangelogPosition::read(&store)?;
 
-    let consumer: BaseConsumer = config
-        .client_config()
+    let mut client = config.client_config();
+    for (key, value) in RESTORE_FETCH_SETTINGS {
+        client.set(*key, *value);
+    }
+    let consumer: BaseConsumer = client
         .set("group.id", "kstate-restore")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
@@ -149,13 +158,6 @@ pub(crate) fn restore(
         // If the log start moves past the position while restoring, fail instead of skipping
         // records silently; the next open then sees the truncation and rebuilds.
         .set("auto.offset.reset", "error")
-        // Fetch settings measured on 1,000,000-record restores (BENCHMARKS.md). Once the local
-        // queue is full, librdkafka postpones the next fetch by `fetch.queue.backoff.ms` (1 s by
-        // default); a restore drains the queue far sooner and then sat idle, losing most of a
-        // second per million records. 2 MiB fetches with the default queue (100,000 messages)
-        // beat 16 MiB with 200,000 by about 18%: less memory to fault in per response.
-        .set("fetch.queue.backoff.ms", RESTORE_FETCH_QUEUE_BACKOFF_MS)
-        .set("max.partition.fetch.bytes", RESTORE_PARTITION_FETCH_BYTES)
         .create()
         .map_err(|e| kafka("create restore consumer", e))?;
     let (low, high) = consumer
