@@ -54,6 +54,7 @@ fn commit_cost(c: &mut Criterion) {
     let topic = kstate_test_broker::unique_topic("bench-commit");
     // `async` with unreachable overlay bounds: only the benchmark commits.
     let config = ChangelogConfig::new(&servers, topic, 0)
+        .partitions(1)
         .durability(Durability::Async)
         .overlay_bounds(usize::MAX, usize::MAX);
     let store = LoggedStore::open(dir.path(), &options(), config).expect("open");
@@ -87,7 +88,9 @@ fn commit_cost(c: &mut Criterion) {
 /// the topic's first record only) in `stale`. Returns the topic.
 fn prepare_restore(servers: &str, stale: &Path) -> String {
     let topic = kstate_test_broker::unique_topic("bench-restore");
-    let config = || ChangelogConfig::new(servers, &topic, 0).durability(Durability::Async);
+    let config = || ChangelogConfig::new(servers, &topic, 0)
+            .partitions(1)
+            .durability(Durability::Async);
     let first = LoggedStore::open(stale, &options(), config()).expect("open stale");
     first.put(&key(0), &VALUE).expect("put");
     first.close().expect("close stale");
@@ -141,7 +144,7 @@ fn restore_rate(c: &mut Criterion) {
     // (name, size, the config for that size, the directory to start from: none for the bulk
     // path into an empty store, the stale store for the catch-up path)
     type Case<'a> = (&'a str, usize, ChangelogConfig, Option<&'a Path>);
-    let base = || ChangelogConfig::new(&servers, &topic, 0);
+    let base = || ChangelogConfig::new(&servers, &topic, 0).partitions(1);
     let cases: Vec<Case> = [10_000, 50_000, 250_000]
         .into_iter()
         .map(|n| ("bulk-chunk", n, base().bulk_chunk_records(n), None))

@@ -75,6 +75,62 @@ async fn a_topic_that_is_not_compacted_is_refused() -> Result<()> {
     Ok(())
 }
 
+/// Settings an existing topic must have for the store's guarantees: at least the configured
+/// replicas, and room for every record the store accepts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_with_too_few_replicas_or_too_small_records_is_refused() -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    let small = unique_topic("small-records");
+    let new = NewTopic::new(&small, 1, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact")
+        .set("max.message.bytes", "100000");
+    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
+        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
+    }
+    let dir = tempfile::tempdir()?;
+    let err = LoggedStore::open(
+        dir.path().join("small"),
+        &RocksDbOptions::default(),
+        common::changelog(&small)?,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ChangelogError::TopicSettings { .. }) && err.to_string().contains("max.message.bytes"),
+        "{err}"
+    );
+
+    let replicated = unique_topic("replicas");
+    common::create_topic(&bootstrap_servers()?, &replicated, 1, "compact").await?;
+    let err = LoggedStore::open(
+        dir.path().join("replicas"),
+        &RocksDbOptions::default(),
+        common::changelog(&replicated)?.replication_factor(3),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ChangelogError::TopicSettings { .. }) && err.to_string().contains("replicas"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// The first store must not decide the topic's partition count by accident.
+#[test]
+fn a_missing_topic_is_created_only_with_an_explicit_partition_count() -> Result<()> {
+    let topic = unique_topic("no-count");
+    let dir = tempfile::tempdir()?;
+    let config = ChangelogConfig::new(bootstrap_servers()?, &topic, 2);
+    let err = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config).unwrap_err();
+    assert!(
+        matches!(err, ChangelogError::InvalidConfig { .. }) && err.to_string().contains("partitions"),
+        "{err}"
+    );
+    Ok(())
+}
+
 #[test]
 fn invalid_durability_text_keeps_the_current_mode() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -157,6 +213,7 @@ fn a_failed_send_poisons_the_store_and_never_reaches_rocksdb() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("store");
     let config = ChangelogConfig::new(broker.bootstrap_servers(), unique_topic("poison"), 0)
+        .partitions(1)
         .durability(Durability::Sync)
         .delivery_timeout(Duration::from_secs(3));
     let store = LoggedStore::open(&path, &RocksDbOptions::default(), config)?;
@@ -172,7 +229,25 @@ fn a_failed_send_poisons_the_store_and_never_reaches_rocksdb() -> Result<()> {
         "later writes are refused: {again:?}"
     );
     assert!(matches!(store.commit(), Err(Error::Poisoned { .. })));
-    let _ = store.close();
+    // A poisoned store serves nothing: the failed put's value may be lost on reopen, and even
+    // committed keys are refused rather than served from a store that stopped making sense.
+    let read = store.get(b"lost");
+    assert!(
+        matches!(read, Err(Error::Poisoned { .. })),
+        "a failed put's value is not served: {read:?}"
+    );
+    assert!(matches!(
+        store.get(b"acknowledged"),
+        Err(Error::Poisoned { .. })
+    ));
+    assert!(matches!(store.all().map(|_| ()), Err(Error::Poisoned { .. })));
+    let closed = store.close();
+    assert!(matches!(closed, Err(Error::Poisoned { .. })), "{closed:?}");
+    let again = store.close();
+    assert!(
+        matches!(again, Err(Error::Poisoned { .. })),
+        "a second close reports the failure again: {again:?}"
+    );
     drop(store);
 
     let raw = RocksDbStore::open(&path, &RocksDbOptions::default())?;

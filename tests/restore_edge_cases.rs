@@ -272,3 +272,165 @@ async fn a_recreated_topic_forces_a_rebuild() -> Result<()> {
     drop(store); // releases the directory lock
     Ok(())
 }
+
+/// Begins a transaction on `topic`/0 holding one record, flushed to the log and left open.
+fn open_transaction(topic: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
+    let producer = producer(Some(&unique_topic("open-txn")))?;
+    let timeout = Duration::from_secs(20);
+    producer.init_transactions(timeout)?;
+    producer.begin_transaction()?;
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(0)
+                .key("in-transaction")
+                .payload("t"),
+        )
+        .map_err(|(e, _)| e)?;
+    producer.flush(timeout)?;
+    Ok(producer)
+}
+
+fn open_with_timeout(
+    path: &std::path::Path,
+    topic: &str,
+    timeout: Duration,
+) -> Result<LoggedStore, kstate::kstate_kafka::ChangelogError> {
+    LoggedStore::open(
+        path,
+        &RocksDbOptions::default(),
+        common::changelog(topic)
+            .map_err(|e| kstate::kstate_kafka::ChangelogError::InvalidConfig {
+                topic: topic.to_string(),
+                message: e.to_string(),
+            })?
+            .durability(Durability::Async)
+            .open_timeout(timeout),
+    )
+}
+
+/// While a transaction is open, the last stable offset stops short of the log's end: a restore
+/// must neither end there nor take the stored offset for one "beyond the end". It waits, and
+/// fails clearly when the transaction stays open past the open timeout.
+#[test]
+fn an_open_transaction_on_the_changelog_fails_the_open_and_then_waits_for_its_commit()
+-> Result<()> {
+    let topic = unique_topic("open-txn");
+    let dir = tempfile::tempdir()?;
+    let (store, _) = open(dir.path(), &topic)?;
+    write_keys(&store, 0..10)?; // offsets 0..=9
+    store.close()?;
+    drop(store);
+    let transaction = open_transaction(&topic)?; // its record at offset 10
+
+    let started = Instant::now();
+    let refused = open_with_timeout(dir.path(), &topic, Duration::from_secs(3));
+    let err = match refused {
+        Ok(store) => anyhow::bail!(
+            "opened while a transaction held the changelog: {:?}",
+            store.restore_report()
+        ),
+        Err(e) => e,
+    };
+    let message = err.to_string();
+    assert!(
+        message.contains("transaction") && message.contains("10"),
+        "the error names the open transaction and its offset: {message}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30), "not a hang");
+
+    // A transaction that commits while the open waits lets it through, with its record.
+    let committer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        transaction.commit_transaction(Duration::from_secs(20))
+    });
+    let store = open_with_timeout(dir.path(), &topic, Duration::from_secs(30))?;
+    committer.join().unwrap()?;
+    let report = store.restore_report().clone();
+    assert!(report.start.rebuild_reason.is_none(), "{:?}", report.start);
+    assert_eq!(report.start.start_offset, 10, "resumed after the stored offset");
+    let held = common::contents(&store)?;
+    assert_eq!(held, common::fold_changelog(&topic, 0, report.start.end_offset)?);
+    assert!(held.contains_key(&b"in-transaction"[..]));
+    store.close()?;
+    Ok(())
+}
+
+/// A store that wrote after another producer's transaction began has stored offsets past the
+/// last stable offset; it must not be taken for a store of a recreated topic and wiped.
+#[test]
+fn a_store_written_past_an_open_transaction_is_never_wiped() -> Result<()> {
+    let topic = unique_topic("past-lso");
+    let dir = tempfile::tempdir()?;
+    let (store, _) = open(dir.path(), &topic)?;
+    write_keys(&store, 0..10)?;
+    store.commit()?;
+    let transaction = open_transaction(&topic)?;
+    // These land after the transaction's record; whatever the store makes of that, it must not
+    // lose them or anything before them.
+    let _ = write_keys(&store, 10..20);
+    let _ = store.commit();
+    let _ = store.close();
+    drop(store);
+
+    if let Ok(store) = open_with_timeout(dir.path(), &topic, Duration::from_secs(3)) {
+        let report = store.restore_report().clone();
+        anyhow::bail!("opened while a transaction held the changelog: {report:?}");
+    }
+    transaction.abort_transaction(Duration::from_secs(20))?;
+    let store = open_with_timeout(dir.path(), &topic, Duration::from_secs(30))?;
+    let report = store.restore_report().clone();
+    assert!(report.start.rebuild_reason.is_none(), "{:?}", report.start);
+    let held = common::contents(&store)?;
+    assert_eq!(held, common::fold_changelog(&topic, 0, report.start.end_offset)?);
+    assert_eq!(held.len(), 20, "every key the store wrote");
+    store.close()?;
+    Ok(())
+}
+
+/// Restore holds a bounded number of bytes, not only of records: large values come in batches
+/// of at most the byte limit plus the record that crossed it, on both the bulk path (an empty
+/// store) and the catch-up path (a stale one).
+#[test]
+fn restore_batches_are_bounded_in_bytes() -> Result<()> {
+    const VALUE: usize = 200_000;
+    const LIMIT: usize = 1 << 20;
+    let topic = unique_topic("large-values");
+    let dir = tempfile::tempdir()?;
+    let stale = dir.path().join("stale");
+    let (store, _) = open(&stale, &topic)?;
+    store.put(b"big-first", b"small")?;
+    store.close()?;
+    drop(store);
+    let (store, _) = open(&dir.path().join("writer"), &topic)?;
+    let value = vec![7u8; VALUE];
+    for i in 0..40u32 {
+        store.put(format!("big-{i:03}").as_bytes(), &value)?;
+    }
+    store.close()?;
+    drop(store);
+
+    for (path, bulk) in [(dir.path().join("restored"), true), (stale, false)] {
+        let recorder = Arc::new(common::Recorder::default());
+        let hooks = OpenHooks {
+            listener: Some(recorder.clone()),
+            record_check: None,
+        };
+        let config = common::changelog(&topic)?
+            .bulk_chunk_bytes(LIMIT)
+            .restore_batch_bytes(LIMIT);
+        let store = LoggedStore::open_with(&path, &RocksDbOptions::default(), config, hooks)?;
+        let batches = recorder.batches.lock().unwrap().clone();
+        assert!(batches.len() >= 7, "bulk={bulk}: 8 MB came in {} batches", batches.len());
+        for batch in &batches {
+            assert!(
+                batch.bytes <= LIMIT + VALUE + 100,
+                "bulk={bulk}: a batch of {} bytes, over the limit of {LIMIT}",
+                batch.bytes
+            );
+        }
+        assert_eq!(common::contents(&store)?.len(), 41);
+        store.close()?;
+    }
+    Ok(())
+}

@@ -16,6 +16,7 @@ use kstate::kstate_kafka::{
 pub fn changelog(topic: &str) -> anyhow::Result<ChangelogConfig> {
     Ok(
         ChangelogConfig::new(kstate_test_broker::bootstrap_servers()?, topic, 0)
+            .partitions(1)
             .open_timeout(Duration::from_secs(30))
             .delivery_timeout(Duration::from_secs(20)),
     )
@@ -59,4 +60,81 @@ impl RestoreListener for Recorder {
     fn on_restore_end(&self, report: &RestoreReport) {
         self.ends.lock().unwrap().push(report.clone());
     }
+}
+
+/// The state a changelog partition describes: its records from the beginning up to `end`
+/// (exclusive) folded in offset order, the last record of each key winning and a tombstone
+/// removing the key. Read with `read_committed`, as restore reads.
+pub fn fold_changelog(
+    topic: &str,
+    partition: i32,
+    end: i64,
+) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set(
+            "bootstrap.servers",
+            kstate_test_broker::bootstrap_servers()?,
+        )
+        .set("group.id", "kstate-test-fold")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()?;
+    let mut folded = std::collections::BTreeMap::new();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "folding {topic}/{partition} up to {end} timed out"
+        );
+        let position = consumer
+            .position()?
+            .find_partition(topic, partition)
+            .and_then(|p| match p.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            });
+        if position.is_some_and(|p| p >= end) || end == 0 {
+            return Ok(folded);
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) if m.offset() < end => {
+                let key = m.key().unwrap_or_default().to_vec();
+                match m.payload() {
+                    Some(value) => folded.insert(key, value.to_vec()),
+                    None => folded.remove(&key),
+                };
+            }
+            Some(Ok(_)) => return Ok(folded),
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) | None => {}
+            Some(Err(e)) => return Err(e.into()),
+        }
+    }
+}
+
+/// The high watermark of `topic`/`partition` (read_uncommitted: the real end of the log).
+pub fn high_watermark(topic: &str, partition: i32) -> anyhow::Result<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set(
+            "bootstrap.servers",
+            kstate_test_broker::bootstrap_servers()?,
+        )
+        .set("isolation.level", "read_uncommitted")
+        .create()?;
+    Ok(consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(20))?
+        .1)
+}
+
+/// Every entry of `store`, in key order.
+pub fn contents(
+    store: &impl kstate::kstate_core::KeyValueStore,
+) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
+    Ok(store.all()?.collect::<Result<_, _>>()?)
 }

@@ -6,6 +6,7 @@
 //! Kafka and therefore cannot name their error types.
 
 use std::fmt;
+use std::time::Duration;
 
 /// The result type of every store operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -36,15 +37,16 @@ pub enum Error {
         store: String,
     },
 
-    /// A previous write could not be made durable, so later writes are refused: accepting them
-    /// would put the store's contents out of step with what was acknowledged. Reopen the store to
-    /// recover (it restores from its durable source).
-    #[error("store {store} is poisoned and refuses writes until it is reopened: {reason}")]
+    /// A previous write could not be made durable, or the store's durable source stopped
+    /// matching what the store holds. Every later operation, reads included, is refused: the
+    /// store may hold values that a reopen will not bring back, and it serves nothing it cannot
+    /// stand behind. Reopen the store to recover (it restores from its durable source).
+    #[error("store {store} is poisoned and serves nothing until it is reopened: {reason}")]
     Poisoned {
         /// The store's path or name.
         store: String,
         /// The failure that poisoned it.
-        reason: String,
+        reason: PoisonReason,
     },
 
     /// A key or value could not be encoded by the typed layer's codec.
@@ -82,6 +84,79 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+}
+
+/// Why a store was poisoned. Engines name their own offsets and messages; the kinds are common to
+/// every store with a durable source it must stay in step with (a changelog, a replica).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PoisonReason {
+    /// A write was not acknowledged by the durable source within the time allowed.
+    Timeout {
+        /// What was waited for.
+        waiting_for: String,
+        /// How long.
+        waited: Duration,
+    },
+    /// The durable source refused or lost a write (e.g. the broker rejected the record, or it
+    /// ran out of retries).
+    DeliveryFailed {
+        /// The client's error.
+        message: String,
+    },
+    /// The client of the durable source failed in a way it cannot recover from (a fatal
+    /// producer error, a full queue that never drained).
+    ClientFailed {
+        /// The client's error.
+        message: String,
+    },
+    /// Another writer appended to the durable source: this store's write did not land where
+    /// the store's contents end, so the records in between were never applied here.
+    ForeignWrite {
+        /// Where the store's next record should have landed.
+        expected_offset: i64,
+        /// Where it landed.
+        actual_offset: i64,
+    },
+    /// Acknowledgements arrived out of the order the writes were sent in.
+    OutOfOrder {
+        /// What arrived, and after what.
+        message: String,
+    },
+    /// Acknowledged writes could not be applied to the local engine.
+    LocalWriteFailed {
+        /// The engine's error.
+        message: String,
+    },
+}
+
+impl fmt::Display for PoisonReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoisonReason::Timeout {
+                waiting_for,
+                waited,
+            } => write!(f, "timed out after {waited:?} waiting for {waiting_for}"),
+            PoisonReason::DeliveryFailed { message } => write!(f, "delivery failed: {message}"),
+            PoisonReason::ClientFailed { message } => write!(f, "client failed: {message}"),
+            PoisonReason::ForeignWrite {
+                expected_offset,
+                actual_offset,
+            } => write!(
+                f,
+                "this store's record landed at offset {actual_offset}, but offset \
+                 {expected_offset} was expected: another writer appended to the changelog \
+                 partition (a second store on it, or a zombie producer); reopen to restore its \
+                 records, and make sure one store writes each partition"
+            ),
+            PoisonReason::OutOfOrder { message } => {
+                write!(f, "acknowledgements out of order: {message}")
+            }
+            PoisonReason::LocalWriteFailed { message } => {
+                write!(f, "acknowledged writes could not be applied locally: {message}")
+            }
+        }
+    }
 }
 
 impl Error {

@@ -35,7 +35,7 @@ pub mod testkit;
 mod typed;
 
 pub use codec::{Bincode, Codec, OrderedKey};
-pub use error::{BoxError, Error, HexBytes, Result};
+pub use error::{BoxError, Error, HexBytes, PoisonReason, Result};
 pub use memory::MemoryStore;
 pub use range::{KeyRange, Order, prefix_end};
 pub use store::{Batch, Entry, EntryIter, KeyValueStore, Mutation};

@@ -30,8 +30,9 @@ pub type EntryIter<'a> = Box<dyn Iterator<Item = Result<Entry>> + 'a>;
 /// One mutation: a value to store, or `None` to delete the key.
 pub type Mutation = (Vec<u8>, Option<Vec<u8>>);
 
-/// An ordered list of mutations applied atomically by [`KeyValueStore::write`]: after a crash
-/// either all of them or none are visible. Later mutations of the same key win.
+/// An ordered list of mutations applied by [`KeyValueStore::write`]; later mutations of the same
+/// key win. Readers never see part of a batch. What a crash leaves depends on the engine: see
+/// [`KeyValueStore::write`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Batch {
     mutations: Vec<Mutation>,
@@ -117,7 +118,12 @@ pub trait KeyValueStore: Send + Sync {
     /// The value stored under `key`.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
 
-    /// Applies `batch` atomically.
+    /// Applies `batch`: readers see all of it or none of it. After a crash, per engine:
+    /// - in-memory and RocksDB stores: all of it or none of it;
+    /// - a changelog-backed store (`LoggedStore`): all or none in its local engine, but the
+    ///   changelog holds one record per mutation, so a crash while the batch is being sent can
+    ///   restore a prefix of it. Only a transactional changelog (exactly-once) makes a batch
+    ///   atomic through a crash.
     fn write(&self, batch: Batch) -> Result<()>;
 
     /// The entries whose keys lie in `range`, in `order`.
@@ -128,11 +134,14 @@ pub trait KeyValueStore: Send + Sync {
     fn approximate_len(&self) -> Result<u64>;
 
     /// Makes every completed write durable in the engine's own storage (for RocksDB: flushes the
-    /// memtables to SST files). For a changelog-backed store this does not touch the changelog.
+    /// memtables to SST files), so that it survives a crash without help from anywhere else. A
+    /// changelog-backed store first waits until the changelog acknowledged every write and
+    /// commits them locally, then flushes.
     fn flush(&self) -> Result<()>;
 
     /// Flushes and releases the store. Later calls on this handle return
-    /// [`Error::Closed`](crate::Error::Closed). Closing twice is not an error.
+    /// [`Error::Closed`](crate::Error::Closed). Closing twice is not an error, unless the first
+    /// close failed: then the second returns that failure again.
     fn close(&self) -> Result<()>;
 
     /// The values stored under `keys`, in the same order.

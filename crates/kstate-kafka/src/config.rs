@@ -15,6 +15,26 @@ pub const DEFAULT_LINGER: Duration = Duration::from_millis(1);
 /// Bytes a record needs on top of its key and value (record batch header and record framing).
 pub(crate) const RECORD_OVERHEAD: usize = 1_024;
 
+/// What a store that holds a changelog position does when its changelog cannot continue it: the
+/// topic is missing, the partition is empty, or the stored position names another topic or
+/// partition. A deleted topic, a typo in its name and a bootstrap address of the wrong cluster
+/// all look like this, and the local store may be the only copy of the state left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LostChangelog {
+    /// Fail the open with [`ChangelogError::ChangelogLost`](crate::ChangelogError::ChangelogLost)
+    /// or [`ChangelogError::PositionMismatch`](crate::ChangelogError::PositionMismatch); create
+    /// no topic and change nothing local. The default.
+    #[default]
+    Refuse,
+    /// Create the topic if it is missing, wipe the local store and rebuild it from the changelog
+    /// (an empty store when the changelog is empty).
+    Rebuild,
+    /// Create the topic if it is missing and write the local store's contents into the empty
+    /// partition, one record per key: the local store is the best copy there is. Refused when
+    /// the partition holds records.
+    Reseed,
+}
+
 /// How a [`LoggedStore`](crate::LoggedStore) talks to its changelog. Built with
 /// [`ChangelogConfig::new`] and the setters; every setter has a documented default.
 #[derive(Debug, Clone)]
@@ -22,7 +42,7 @@ pub struct ChangelogConfig {
     pub(crate) bootstrap_servers: String,
     pub(crate) topic: String,
     pub(crate) partition: i32,
-    pub(crate) partitions: i32,
+    pub(crate) partitions: Option<i32>,
     pub(crate) replication_factor: i32,
     pub(crate) min_insync_replicas: Option<i32>,
     pub(crate) durability: Durability,
@@ -32,7 +52,11 @@ pub struct ChangelogConfig {
     pub(crate) delivery_timeout: Duration,
     pub(crate) linger: Option<Duration>,
     pub(crate) restore_batch_records: usize,
+    pub(crate) restore_batch_bytes: usize,
     pub(crate) bulk_chunk_records: usize,
+    pub(crate) bulk_chunk_bytes: usize,
+    pub(crate) flush_interval: Option<Duration>,
+    pub(crate) lost_changelog: LostChangelog,
     pub(crate) max_record_bytes: usize,
     pub(crate) client_overrides: BTreeMap<String, String>,
 }
@@ -48,7 +72,7 @@ impl ChangelogConfig {
             bootstrap_servers: bootstrap_servers.into(),
             topic: topic.into(),
             partition,
-            partitions: partition.max(0) + 1,
+            partitions: None,
             replication_factor: 1,
             min_insync_replicas: None,
             durability: Durability::default(),
@@ -58,17 +82,23 @@ impl ChangelogConfig {
             delivery_timeout: Duration::from_secs(60),
             linger: None,
             restore_batch_records: 10_000,
+            restore_batch_bytes: 16 << 20,
             bulk_chunk_records: 250_000,
+            bulk_chunk_bytes: 64 << 20,
+            flush_interval: None,
+            lost_changelog: LostChangelog::Refuse,
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             client_overrides: BTreeMap::new(),
         }
     }
 
     /// The topic's partition count when this store creates it, and the count it must have when
-    /// it exists (default: `partition + 1`). A mismatch is an error, never a write to what may be
-    /// the wrong partition.
+    /// it exists. A mismatch is an error, never a write to what may be the wrong partition.
+    /// Unset, an existing topic is accepted with any count that has this store's partition, and a
+    /// missing topic is not created (the error says to set this): a store cannot guess how many
+    /// partitions its task's input has, and the first store to create the topic would fix it.
     pub fn partitions(mut self, n: i32) -> Self {
-        self.partitions = n;
+        self.partitions = Some(n);
         self
     }
 
@@ -143,8 +173,42 @@ impl ChangelogConfig {
         self
     }
 
+    /// Bytes (keys + values) per RocksDB write batch during restore (default 16 MiB); a batch
+    /// ends at whichever of this and [`restore_batch_records`](Self::restore_batch_records) it
+    /// reaches first, so large values cannot make a batch of 10,000 records gigabytes long.
+    pub fn restore_batch_bytes(mut self, bytes: usize) -> Self {
+        self.restore_batch_bytes = bytes.max(1);
+        self
+    }
+
+    /// Bytes (keys + values) per SST file when restoring into an empty store (default 64 MiB);
+    /// with [`bulk_chunk_records`](Self::bulk_chunk_records), whichever is reached first ends a
+    /// chunk. A restore holds at most three chunks: about 200 MB at the default.
+    pub fn bulk_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.bulk_chunk_bytes = bytes.max(1);
+        self
+    }
+
+    /// How often the store flushes RocksDB's memtables, so that its durable position never lags
+    /// far behind (default: a quarter of the topic's `delete.retention.ms`, 6 h for Kafka's 24 h
+    /// default). RocksDB has no age-based flush, and a store whose durable position is older than
+    /// `delete.retention.ms` when it restarts must be rebuilt: compaction may have removed
+    /// tombstones it never saw.
+    pub fn flush_interval(mut self, interval: Duration) -> Self {
+        self.flush_interval = Some(interval.max(Duration::from_millis(10)));
+        self
+    }
+
+    /// What to do when the store holds a position its changelog cannot continue (default
+    /// [`LostChangelog::Refuse`]).
+    pub fn lost_changelog(mut self, choice: LostChangelog) -> Self {
+        self.lost_changelog = choice;
+        self
+    }
+
     /// Records per SST file when restoring into an empty store (the bulk path; default 250,000,
-    /// about 30 MB with 100-byte values). A restore holds up to three chunks' worth of memory:
+    /// about 30 MB with 100-byte values; see also [`bulk_chunk_bytes`](Self::bulk_chunk_bytes)).
+    /// A restore holds up to three chunks' worth of memory:
     /// one being read, one being written, and the buffer the writer sorts into (about 90 MB at
     /// the default; lower it where memory is tight: 100,000 measured about 5% slower).
     pub fn bulk_chunk_records(mut self, n: usize) -> Self {

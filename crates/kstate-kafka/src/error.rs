@@ -96,6 +96,103 @@ pub enum ChangelogError {
     #[error(transparent)]
     Store(#[from] kstate_core::Error),
 
+    /// The store holds a changelog position, but its changelog is missing or empty: a deleted
+    /// topic, a typo in its name, or a bootstrap address of the wrong cluster. Nothing was
+    /// created or changed; the local store may be the only copy of the state left.
+    #[error(
+        "the store at {path} holds changelog {topic}/{partition} up to offset {stored_offset}, \
+         but that changelog {found}. Nothing was created or wiped: the local store may be the \
+         only copy left. Check the topic name and bootstrap servers; to go on, open with \
+         ChangelogConfig::lost_changelog(LostChangelog::Reseed) to write the local contents \
+         into the changelog, or LostChangelog::Rebuild to discard them"
+    )]
+    ChangelogLost {
+        /// The store directory.
+        path: std::path::PathBuf,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The offset the store holds.
+        stored_offset: i64,
+        /// What was found: "does not exist", "is empty", ...
+        found: String,
+    },
+
+    /// The store's position names another changelog than the one configured.
+    #[error(
+        "the store at {path} holds changelog {stored_topic}/{stored_partition}, not the \
+         configured {topic}/{partition}; refusing to wipe it (a typo in the topic name?). Open it \
+         with its own changelog, or choose LostChangelog::Rebuild or ::Reseed explicitly"
+    )]
+    PositionMismatch {
+        /// The store directory.
+        path: std::path::PathBuf,
+        /// The topic the store holds.
+        stored_topic: String,
+        /// The partition the store holds.
+        stored_partition: i32,
+        /// The configured topic.
+        topic: String,
+        /// The configured partition.
+        partition: i32,
+    },
+
+    /// The directory holds data but no changelog position: it was not written by a logged
+    /// store (e.g. a plain `RocksDbStore`), so its contents are not a prefix of any changelog.
+    #[error(
+        "{path} holds data but no changelog position, so it is not a changelog-backed store; \
+         refusing to wipe it (choose LostChangelog::Rebuild to replace it with changelog {topic})"
+    )]
+    NotAChangelogStore {
+        /// The store directory.
+        path: std::path::PathBuf,
+        /// The configured topic.
+        topic: String,
+    },
+
+    /// A wipe was refused because the directory holds something RocksDB did not write.
+    #[error(
+        "refusing to wipe {path}: it holds {unexpected}, which is not a RocksDB file; is this \
+         really a store directory?"
+    )]
+    NotAStoreDirectory {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The first entry that is not a RocksDB file.
+        unexpected: String,
+    },
+
+    /// A transaction on the changelog partition stayed open for the whole open timeout: the
+    /// records from its first offset on cannot be read yet, so the restore cannot reach the end.
+    #[error(
+        "changelog {topic}/{partition}: a transaction open since offset {last_stable_offset} \
+         (the log ends at {high_watermark}) did not finish within {waited:?}; the restore \
+         cannot read past it. Find the producer holding it (kafka-transactions.sh \
+         find-hanging) or wait for transaction.timeout.ms"
+    )]
+    OpenTransaction {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The last stable offset: the first offset of the oldest open transaction.
+        last_stable_offset: i64,
+        /// The log's end.
+        high_watermark: i64,
+        /// How long the open waited.
+        waited: Duration,
+    },
+
+    /// The changelog topic exists with settings the store cannot work with.
+    #[error("changelog topic {topic}: {problem}")]
+    TopicSettings {
+        /// The topic.
+        topic: String,
+        /// What is wrong, with the setting's name and value.
+        problem: String,
+    },
+
     /// Removing a store directory for a rebuild failed.
     #[error("cannot wipe {path} for a rebuild: {source}")]
     Wipe {

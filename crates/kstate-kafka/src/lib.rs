@@ -25,7 +25,7 @@ mod producer;
 mod restore;
 mod topic;
 
-pub use config::{ChangelogConfig, DEFAULT_LINGER, DEFAULT_MAX_RECORD_BYTES};
+pub use config::{ChangelogConfig, DEFAULT_LINGER, DEFAULT_MAX_RECORD_BYTES, LostChangelog};
 pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
 pub use error::ChangelogError;
 pub use logged_store::{LoggedStore, OpenHooks};

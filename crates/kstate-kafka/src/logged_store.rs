@@ -1,32 +1,46 @@
 //! [`LoggedStore`]: a RocksDB store whose every mutation is mirrored to a Kafka changelog.
 //!
 //! # Commit protocol (DESIGN.md)
-//! - `put`/`delete`/`write`: under the state lock, each mutation is sent to the changelog (the
-//!   producer batches: that is the group commit) and recorded in the overlay, in the same order.
+//! - `put`/`delete`/`write`: under the send lock, each mutation is sent to the changelog (the
+//!   producer batches: that is the group commit), then recorded in the overlay, in the same order.
 //! - [`commit`](LoggedStore::commit): freeze the overlay (new writes go to a fresh one), wait until
 //!   the broker acknowledged its last record, then write the frozen entries and that record's
 //!   offset in one atomic RocksDB `WriteBatch`. No fsync, no memtable flush, no checkpoint file.
 //! - Reads merge the overlay (newest first: active, then frozen) over RocksDB.
 //! - The overlay is bounded; a write that reaches the bound commits before it returns.
+//! - A timer flushes RocksDB's memtables well inside the topic's `delete.retention.ms`
+//!   ([`ChangelogConfig::flush_interval`]), so the durable position never lags so far that a
+//!   restart must rebuild (a tombstone after it may be compacted away by then).
+//!
+//! # Locks: readers never wait on the broker
+//! Writers hold the send lock while librdkafka's queue is full, which can last as long as the
+//! broker is slow. The overlay has a lock of its own, a read-write lock held only to look up or
+//! insert, so `get` and `scan` never wait for the producer; a commit takes both, briefly, to
+//! freeze the overlay at a known sequence number.
 //!
 //! # Failures
-//! A failed send poisons the store: every later write returns
-//! [`Error::Poisoned`](kstate_core::Error::Poisoned) until it is reopened, and nothing
-//! unacknowledged ever reaches RocksDB. Reopening restores from the changelog, which holds
-//! exactly what the broker acknowledged.
+//! A failed send, a stuck acknowledgement or another writer's record in the partition poisons
+//! the store: every later operation, reads included, returns
+//! [`Error::Poisoned`](kstate_core::Error::Poisoned) with a typed
+//! [`PoisonReason`](kstate_core::PoisonReason) until it is reopened. The overlay may hold writes
+//! the changelog never got, and serving them would show values a reopen loses; nothing
+//! unacknowledged ever reaches RocksDB. Reopening restores from the changelog, which holds exactly
+//! what the broker acknowledged.
 //!
 //! # Batches
 //! A [`Batch`] is applied to RocksDB atomically, but in the changelog it is one record per
 //! mutation: a crash in the middle of sending a batch can restore a prefix of it. (Making
-//! batches atomic in the changelog needs Kafka transactions; not built yet.)
+//! batches atomic in the changelog needs Kafka transactions: the exactly-once mode.)
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{
+    Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use kstate_core::{Batch, EntryIter, Error, KeyRange, KeyValueStore, Order, Result};
+use kstate_core::{Batch, EntryIter, Error, KeyRange, KeyValueStore, Order, PoisonReason, Result};
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 
 use crate::config::ChangelogConfig;
@@ -40,15 +54,38 @@ use crate::restore::{RecordCheck, RestoreListener, RestoreReport, restore};
 /// Extra time, beyond the delivery timeout, a commit waits before declaring the changelog stuck.
 const ACK_SLACK: Duration = Duration::from_secs(30);
 
+/// How long dropping a store waits for its commit thread before leaving it to finish alone.
+const DROP_JOIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// The flush interval when neither the configuration nor the topic says: a quarter of Kafka's
+/// default `delete.retention.ms` (24 h).
+const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(6 * 3600);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The overlay: what reads merge over RocksDB.
 #[derive(Debug, Default)]
 struct State {
     active: Overlay,
     frozen: Option<Arc<Map>>,
-    sent_seq: u64,
+}
+
+/// How a `close` ended, kept so that a second `close` reports it again.
+#[derive(Debug, Clone)]
+enum CloseOutcome {
+    Closed,
+    Poisoned(PoisonReason),
+    Failed(String),
 }
 
 struct Shared {
@@ -56,12 +93,19 @@ struct Shared {
     store: RocksDbStore,
     producer: ChangelogProducer,
     config: ChangelogConfig,
-    state: Mutex<State>,
+    state: RwLock<State>,
+    /// Held while sending and recording a write, and while freezing the overlay: records are
+    /// sent in sequence order and the overlay matches them.
+    send: Mutex<()>,
+    /// The sequence number of the last record sent.
+    sent_seq: AtomicU64,
     commit_serial: Mutex<()>,
     mode: Mutex<Durability>,
     mode_changed: Condvar,
+    flush_interval: Duration,
     shutdown: AtomicBool,
     closed: AtomicBool,
+    close_outcome: Mutex<Option<CloseOutcome>>,
 }
 
 /// Hooks for [`LoggedStore::open_with`].
@@ -90,7 +134,7 @@ impl std::fmt::Debug for LoggedStore {
 
 impl LoggedStore {
     /// Opens the store in `path` with its changelog: creates or verifies the topic, restores
-    /// what RocksDB lacks, and starts the group-commit timer if the mode asks for it.
+    /// what RocksDB lacks, and starts the group-commit and flush timer.
     pub fn open(
         path: impl AsRef<Path>,
         options: &RocksDbOptions,
@@ -112,14 +156,25 @@ impl LoggedStore {
         // up. Created here, that wait overlaps the topic check and the restore instead of
         // stalling the first writes after open (measured: up to 0.5 s).
         let producer = ChangelogProducer::new(&config)?;
-        crate::topic::ensure_topic(&config)?;
-        let (store, report) = restore(
+        let restored = restore(
             path,
             options,
             &config,
             hooks.listener.as_deref(),
             hooks.record_check.as_ref(),
         )?;
+        // One writer per partition: this store's first record must land where the restore
+        // ended, each next one right after it.
+        producer
+            .tracker
+            .expect_offsets_from(restored.report.start.end_offset);
+        let flush_interval = config.flush_interval.unwrap_or_else(|| {
+            restored
+                .topic
+                .delete_retention
+                .map_or(DEFAULT_FLUSH_INTERVAL, |retention| retention / 4)
+                .max(Duration::from_millis(10))
+        });
         let shared = Arc::new(Shared {
             name: format!(
                 "{} (changelog {}/{})",
@@ -127,21 +182,29 @@ impl LoggedStore {
                 config.topic,
                 config.partition
             ),
-            store,
+            store: restored.store,
             producer,
             mode: Mutex::new(config.durability),
             config,
-            state: Mutex::default(),
+            state: RwLock::default(),
+            send: Mutex::new(()),
+            sent_seq: AtomicU64::new(0),
             commit_serial: Mutex::new(()),
             mode_changed: Condvar::new(),
+            flush_interval,
             shutdown: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            close_outcome: Mutex::new(None),
         });
+        if let Some(reason) = &restored.reseed {
+            tracing::warn!(store = %shared.name, %reason, "writing the local store into the empty changelog (LostChangelog::Reseed)");
+            shared.reseed(restored.report.start.end_offset)?;
+        }
         let committer = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("kstate-group-commit".into())
-                .spawn(move || shared.group_commit_loop())
+                .spawn(move || shared.timer_loop())
                 .map_err(|e| {
                     ChangelogError::Store(Error::backend(
                         path.display().to_string(),
@@ -153,7 +216,7 @@ impl LoggedStore {
         Ok(LoggedStore {
             shared,
             committer: Mutex::new(Some(committer)),
-            restore: report,
+            restore: restored.report,
         })
     }
 
@@ -162,9 +225,11 @@ impl LoggedStore {
         &self.restore
     }
 
-    /// Makes every write so far durable locally: waits for the broker to acknowledge them, then
-    /// writes them to RocksDB with their changelog offset, atomically. Once it returns, those
-    /// writes survive a crash without replay.
+    /// Makes every write so far safe without a replay of its records: waits for the broker to
+    /// acknowledge them, then writes them to RocksDB with their changelog offset, atomically.
+    /// RocksDB holds them in its memtable until it flushes (when a memtable fills, on the flush
+    /// timer, or on [`flush`](KeyValueStore::flush)); a crash before that replays them from the
+    /// changelog, which holds them either way.
     pub fn commit(&self) -> Result<()> {
         self.shared.check_open()?;
         self.shared.commit()
@@ -174,7 +239,7 @@ impl LoggedStore {
     /// but a crash before their acknowledgement may lose them; 0 once everything written is
     /// safe in the changelog (committed to RocksDB or not).
     pub fn unacknowledged(&self) -> u64 {
-        let sent = lock(&self.shared.state).sent_seq;
+        let sent = self.shared.sent_seq.load(Ordering::Acquire);
         sent.saturating_sub(self.shared.producer.tracker.acked_seq())
     }
 
@@ -205,12 +270,26 @@ impl LoggedStore {
         ChangelogPosition::read(&self.shared.store)
     }
 
-    fn stop_committer(&self) {
+    /// Stops the timer thread, waiting for it at most `limit` (`None`: as long as it takes).
+    fn stop_committer(&self, limit: Option<Duration>) {
         self.shared.shutdown.store(true, Ordering::Release);
         self.shared.mode_changed.notify_all();
-        if let Some(handle) = lock(&self.committer).take()
-            && handle.join().is_err()
-        {
+        let Some(handle) = lock(&self.committer).take() else {
+            return;
+        };
+        if let Some(limit) = limit {
+            let deadline = Instant::now() + limit;
+            while !handle.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if !handle.is_finished() {
+                // It is waiting for the broker inside a commit, which ends within the
+                // acknowledgement timeout; it holds the store until then.
+                tracing::warn!(store = %self.shared.name, "the commit thread is still waiting for the broker; leaving it to finish");
+                return;
+            }
+        }
+        if handle.join().is_err() {
             tracing::error!(store = %self.shared.name, "the group-commit thread panicked");
         }
     }
@@ -218,9 +297,11 @@ impl LoggedStore {
 
 impl Drop for LoggedStore {
     /// Stops the commit timer without committing: acknowledged writes are in the changelog and
-    /// the next open replays them. Call [`close`](KeyValueStore::close) to commit first.
+    /// the next open replays them. Call [`close`](KeyValueStore::close) to commit first. Bounded
+    /// in time: a timer thread still waiting for the broker after a few seconds is left to end
+    /// on its own (it holds the RocksDB directory until it does).
     fn drop(&mut self) {
-        self.stop_committer();
+        self.stop_committer(Some(DROP_JOIN_LIMIT));
     }
 }
 
@@ -234,7 +315,8 @@ impl Shared {
         Ok(())
     }
 
-    fn check_writable(&self) -> Result<()> {
+    /// Open and not poisoned: the check of every read and write.
+    fn check_usable(&self) -> Result<()> {
         self.check_open()?;
         match self.producer.tracker.poisoned() {
             Some(reason) => Err(self.poisoned(reason)),
@@ -242,7 +324,7 @@ impl Shared {
         }
     }
 
-    fn poisoned(&self, reason: String) -> Error {
+    fn poisoned(&self, reason: PoisonReason) -> Error {
         Error::Poisoned {
             store: self.name.clone(),
             reason,
@@ -254,7 +336,7 @@ impl Shared {
     }
 
     fn write(&self, batch: Batch) -> Result<()> {
-        self.check_writable()?;
+        self.check_usable()?;
         // Refuse oversized records before sending any of the batch: the broker would reject
         // them, and a rejected send poisons the store.
         if let Some((key, value)) = batch
@@ -264,16 +346,26 @@ impl Shared {
         {
             return Err(self.too_large(key, value.as_deref()));
         }
-        self.apply(batch.into_mutations())
+        let mutations = batch.into_mutations();
+        self.apply(
+            mutations.iter().map(|(k, v)| (k.as_slice(), v.as_deref())),
+            |overlay| {
+                for (key, value) in mutations.iter() {
+                    overlay.insert(key.clone(), value.clone());
+                }
+            },
+        )
     }
 
     /// One put or delete: [`write`](Self::write) without building a batch.
     fn write_one(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
-        self.check_writable()?;
+        self.check_usable()?;
         if self.oversized(key, value) {
             return Err(self.too_large(key, value));
         }
-        self.apply(std::iter::once((key.to_vec(), value.map(<[u8]>::to_vec))))
+        self.apply(std::iter::once((key, value)), |overlay| {
+            overlay.insert(key.to_vec(), value.map(<[u8]>::to_vec));
+        })
     }
 
     fn oversized(&self, key: &[u8], value: Option<&[u8]>) -> bool {
@@ -293,25 +385,33 @@ impl Shared {
         }
     }
 
-    /// Sends `mutations` and records them in the overlay, in order; commits if the overlay is
+    /// Sends `records` in order, then `record`s them in the overlay; commits if the overlay is
     /// full, and waits for the acknowledgement in `sync` mode.
-    fn apply(&self, mutations: impl IntoIterator<Item = kstate_core::Mutation>) -> Result<()> {
+    fn apply<'m>(
+        &self,
+        records: impl Iterator<Item = (&'m [u8], Option<&'m [u8]>)>,
+        record: impl FnOnce(&mut Overlay),
+    ) -> Result<()> {
         let (my_seq, full) = {
-            let mut state = lock(&self.state);
-            // Checked again under the lock: `close` sets it under this lock, so no write can
-            // slip in after the final commit and be dropped with the producer.
+            let _send = lock(&self.send);
+            // Checked again under the send lock: `close` sets it under this lock, so no write
+            // can slip in after the final commit and be dropped with the producer.
             self.check_open()?;
-            for (key, value) in mutations {
-                let seq = state.sent_seq + 1;
-                self.producer
-                    .send(seq, &key, value.as_deref(), self.config.delivery_timeout)
-                    .map_err(|reason| self.poisoned(reason))?;
-                state.sent_seq = seq;
-                state.active.insert(key, value);
+            let mut seq = self.sent_seq.load(Ordering::Acquire);
+            for (key, value) in records {
+                // A full producer queue waits here, holding only the send lock.
+                let sent = self
+                    .producer
+                    .send(seq + 1, key, value, self.config.delivery_timeout);
+                sent.map_err(|reason| self.poisoned(reason))?;
+                seq += 1;
+                self.sent_seq.store(seq, Ordering::Release);
             }
+            let mut state = write(&self.state);
+            record(&mut state.active);
             let full = state.active.bytes >= self.config.overlay_max_bytes
                 || state.active.len() >= self.config.overlay_max_records;
-            (state.sent_seq, full)
+            (seq, full)
         };
         if full {
             self.commit()?;
@@ -331,21 +431,23 @@ impl Shared {
             return Err(self.poisoned(reason));
         }
         let started = Instant::now();
-        let (frozen, known_offset) = {
-            let mut state = lock(&self.state);
+        let (frozen, known_offset, frozen_at) = {
+            // No record can be sent while we hold the send lock, so the tracker can tell us the
+            // offset of exactly this snapshot's last record.
+            let _send = lock(&self.send);
+            let mut state = write(&self.state);
             if state.active.len() == 0 {
                 return Ok(());
             }
             let frozen = Arc::new(std::mem::take(&mut state.active).map);
             state.frozen = Some(frozen.clone());
-            // No record after sent_seq can be sent while we hold the state lock, so the tracker
-            // can tell us the offset of exactly this snapshot's last record.
             let known = self
                 .producer
                 .tracker
-                .watch(state.sent_seq)
+                .watch(self.sent_seq.load(Ordering::Acquire))
                 .map_err(|reason| self.poisoned(reason))?;
-            (frozen, known)
+            // Every record after this snapshot is sent after this moment.
+            (frozen, known, SystemTime::now())
         };
         metrics::gauge!("kstate_changelog_in_flight").set(f64::from(self.producer.in_flight()));
         let offset = match known_offset {
@@ -353,7 +455,7 @@ impl Shared {
             None => match self.producer.tracker.wait_for_watched(self.ack_timeout()) {
                 Ok(offset) => offset,
                 Err(reason) => {
-                    // Stuck or failed: the frozen entries stay readable, writes are refused.
+                    // Stuck or failed: the store is poisoned, and serves nothing.
                     self.producer.tracker.poison(reason.clone());
                     return Err(self.poisoned(reason));
                 }
@@ -363,31 +465,81 @@ impl Shared {
             topic: self.config.topic.clone(),
             partition: self.config.partition,
             offset,
-        }
-        .encode();
-        let meta: Vec<(&[u8], Option<&[u8]>)> = position
-            .iter()
-            .map(|(k, v)| (*k, Some(v.as_slice())))
-            .collect();
+            written_at: Some(frozen_at),
+        };
         let data = frozen.iter().map(|(k, v)| (k.as_slice(), v.as_deref()));
-        if let Err(e) = self.store.write_with_metadata(data, &meta) {
+        if let Err(e) = position.write_with(&self.store, data) {
             // The frozen entries are acknowledged but not in RocksDB. Going on would let the next
-            // commit store an offset past them; refuse writes instead (reopen restores them).
-            let reason = format!("commit could not write to RocksDB: {e}");
+            // commit store an offset past them; refuse instead (reopen restores them).
+            let reason = PoisonReason::LocalWriteFailed {
+                message: e.to_string(),
+            };
             self.producer.tracker.poison(reason.clone());
             return Err(self.poisoned(reason));
         }
-        lock(&self.state).frozen = None;
+        write(&self.state).frozen = None;
         metrics::histogram!("kstate_commit_seconds").record(started.elapsed().as_secs_f64());
         Ok(())
     }
 
-    fn group_commit_loop(&self) {
+    /// Commits, then flushes RocksDB's memtables: the durable position is now.
+    fn flush(&self) -> Result<()> {
+        self.commit()?;
+        self.store.flush()
+    }
+
+    /// Writes every entry of the local store into the (empty) changelog, then stores the offset
+    /// of the last one: [`LostChangelog::Reseed`](crate::LostChangelog::Reseed).
+    fn reseed(&self, end: i64) -> Result<(), ChangelogError> {
+        let _send = lock(&self.send);
+        let mut seq = 0;
+        for entry in self.store.all()? {
+            let (key, value) = entry?;
+            seq += 1;
+            self.producer
+                .send(seq, &key, Some(&value), self.config.delivery_timeout)
+                .map_err(|reason| self.poisoned(reason))?;
+        }
+        self.sent_seq.store(seq, Ordering::Release);
+        let offset = if seq == 0 {
+            end - 1
+        } else {
+            let known = self
+                .producer
+                .tracker
+                .watch(seq)
+                .map_err(|reason| self.poisoned(reason))?;
+            match known {
+                Some(offset) => offset,
+                None => self
+                    .producer
+                    .tracker
+                    .wait_for_watched(self.ack_timeout())
+                    .map_err(|reason| self.poisoned(reason))?,
+            }
+        };
+        let position = ChangelogPosition {
+            topic: self.config.topic.clone(),
+            partition: self.config.partition,
+            offset,
+            written_at: Some(SystemTime::now()),
+        };
+        position.write_with(&self.store, std::iter::empty())?;
+        self.store.flush()?;
+        tracing::info!(store = %self.name, records = seq, offset, "reseeded the changelog");
+        Ok(())
+    }
+
+    /// The timer thread: commits every `group` interval in group mode, and commits and flushes
+    /// every flush interval in any mode.
+    fn timer_loop(&self) {
+        let mut next_flush = Instant::now() + self.flush_interval;
         let mut mode = lock(&self.mode);
         while !self.shutdown.load(Ordering::Acquire) {
+            let until_flush = next_flush.saturating_duration_since(Instant::now());
             let wait = match *mode {
-                Durability::Group(interval) => interval,
-                _ => Duration::from_secs(1),
+                Durability::Group(interval) => interval.min(until_flush),
+                _ => Duration::from_secs(1).min(until_flush),
             };
             mode = self
                 .mode_changed
@@ -397,10 +549,18 @@ impl Shared {
             if self.shutdown.load(Ordering::Acquire) {
                 break;
             }
-            if let Durability::Group(_) = *mode {
+            let group = matches!(*mode, Durability::Group(_));
+            let flush_due = Instant::now() >= next_flush;
+            if group || flush_due {
                 drop(mode);
-                if let Err(e) = self.commit() {
-                    tracing::warn!(store = %self.name, error = %e, "group commit failed");
+                let done = if flush_due {
+                    next_flush = Instant::now() + self.flush_interval;
+                    self.flush()
+                } else {
+                    self.commit()
+                };
+                if let Err(e) = done {
+                    tracing::warn!(store = %self.name, error = %e, "timed commit failed");
                 }
                 mode = lock(&self.mode);
             }
@@ -414,9 +574,9 @@ impl KeyValueStore for LoggedStore {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.shared.check_open()?;
+        self.shared.check_usable()?;
         {
-            let state = lock(&self.shared.state);
+            let state = read(&self.shared.state);
             if let Some(value) = state.active.map.get(key) {
                 return Ok(value.clone());
             }
@@ -442,9 +602,9 @@ impl KeyValueStore for LoggedStore {
     }
 
     fn scan(&self, range: &KeyRange, order: Order) -> Result<EntryIter<'_>> {
-        self.shared.check_open()?;
+        self.shared.check_usable()?;
         let overlay = {
-            let state = lock(&self.shared.state);
+            let state = read(&self.shared.state);
             let mut layers: Vec<&Map> = vec![&state.active.map];
             if let Some(frozen) = &state.frozen {
                 layers.push(frozen);
@@ -456,33 +616,52 @@ impl KeyValueStore for LoggedStore {
     }
 
     fn approximate_len(&self) -> Result<u64> {
-        self.shared.check_open()?;
+        self.shared.check_usable()?;
         let pending = {
-            let state = lock(&self.shared.state);
+            let state = read(&self.shared.state);
             state.active.len() + state.frozen.as_ref().map_or(0, |f| f.len())
         } as u64;
         Ok(self.shared.store.approximate_len()? + pending)
     }
 
-    /// Commits, then flushes RocksDB's memtables.
+    /// Commits, then flushes RocksDB's memtables: what was written survives a crash without a
+    /// replay from the changelog.
     fn flush(&self) -> Result<()> {
-        self.commit()?;
-        self.shared.store.flush()
+        self.shared.check_open()?;
+        self.shared.flush()
     }
 
     /// Refuses further writes, commits what was written, stops the commit timer and closes
-    /// RocksDB. A failed commit is reported (the writes are in the changelog and the next open
-    /// restores them); RocksDB is closed either way.
+    /// RocksDB. A failed commit is reported (the acknowledged writes are in the changelog and the
+    /// next open restores them); RocksDB is closed either way. A second `close` returns the
+    /// first one's error again.
     fn close(&self) -> Result<()> {
+        let mut outcome = lock(&self.shared.close_outcome);
+        if let Some(earlier) = &*outcome {
+            return match earlier.clone() {
+                CloseOutcome::Closed => Ok(()),
+                CloseOutcome::Poisoned(reason) => Err(self.shared.poisoned(reason)),
+                CloseOutcome::Failed(message) => Err(Error::backend(
+                    self.shared.name.clone(),
+                    "close (an earlier attempt)",
+                    message,
+                )),
+            };
+        }
         {
-            let _state = lock(&self.shared.state);
-            if self.shared.closed.swap(true, Ordering::AcqRel) {
-                return Ok(());
-            }
+            // Under the send lock: no write is between sending and recording when we stop them.
+            let _send = lock(&self.shared.send);
+            self.shared.closed.store(true, Ordering::Release);
         }
         let committed = self.shared.commit();
-        self.stop_committer();
+        self.stop_committer(None);
         let closed = self.shared.store.close();
-        committed.and(closed)
+        let result = committed.and(closed);
+        *outcome = Some(match &result {
+            Ok(()) => CloseOutcome::Closed,
+            Err(Error::Poisoned { reason, .. }) => CloseOutcome::Poisoned(reason.clone()),
+            Err(e) => CloseOutcome::Failed(e.to_string()),
+        });
+        result
     }
 }

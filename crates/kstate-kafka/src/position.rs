@@ -4,6 +4,13 @@
 //! in the same atomic `WriteBatch` as the data it describes; with atomic flush, whatever prefix
 //! of writes survives a crash carries its own position. There is no checkpoint file to fsync or
 //! tear (Kafka Streams' `.checkpoint`, Samza's `OFFSET` file).
+//!
+//! The position also carries a wall-clock time ([`ChangelogPosition::written_at`]). Restore
+//! compares its age with the topic's `delete.retention.ms`: once a tombstone after the position
+//! may have been compacted away, resuming could bring its key back, so the store is rebuilt
+//! instead (invariant 4). Stores written before the time was kept have none and skip that check.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kstate_core::KeyValueStore;
 use kstate_rocksdb::RocksDbStore;
@@ -14,6 +21,7 @@ const VERSION_KEY: &[u8] = b"kstate.format.version";
 const TOPIC_KEY: &[u8] = b"kstate.changelog.topic";
 const PARTITION_KEY: &[u8] = b"kstate.changelog.partition";
 const OFFSET_KEY: &[u8] = b"kstate.changelog.offset";
+const WRITTEN_AT_KEY: &[u8] = b"kstate.changelog.written_at_ms";
 
 /// The metadata format this crate writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -25,19 +33,51 @@ pub struct ChangelogPosition {
     pub topic: String,
     /// Its partition.
     pub partition: i32,
-    /// The offset of the last record the store holds.
+    /// The offset of the last record the store holds (-1: none, the changelog starts at 0).
     pub offset: i64,
+    /// A time from which on every tombstone after `offset` is still in the changelog for at least
+    /// the topic's `delete.retention.ms`: a commit stores when it froze its overlay (every later
+    /// record was written after it), a restore when it read the batch's first record (records
+    /// still uncompacted then keep their tombstones at least that long). Restore rebuilds
+    /// rather than resumes a position older than that. `None` in stores written by kstate
+    /// versions that did not keep it.
+    pub written_at: Option<SystemTime>,
 }
 
 impl ChangelogPosition {
     /// The metadata records to write with the data.
-    pub(crate) fn encode(&self) -> [(&'static [u8], Vec<u8>); 4] {
+    fn encode(&self) -> [(&'static [u8], Vec<u8>); 5] {
+        let written_at_ms = self
+            .written_at
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_millis() as u64);
         [
             (VERSION_KEY, FORMAT_VERSION.to_be_bytes().to_vec()),
             (TOPIC_KEY, self.topic.as_bytes().to_vec()),
             (PARTITION_KEY, self.partition.to_be_bytes().to_vec()),
             (OFFSET_KEY, self.offset.to_be_bytes().to_vec()),
+            (WRITTEN_AT_KEY, written_at_ms.to_be_bytes().to_vec()),
         ]
+    }
+
+    /// Writes `data` and this position to `store` in one atomic batch.
+    pub(crate) fn write_with<'e>(
+        &self,
+        store: &RocksDbStore,
+        data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
+    ) -> kstate_core::Result<()> {
+        let encoded = self.encode();
+        let meta: Vec<(&[u8], Option<&[u8]>)> = encoded
+            .iter()
+            .map(|(k, v)| (*k, Some(v.as_slice())))
+            .collect();
+        store.write_with_metadata(data, &meta)
+    }
+
+    /// How long ago `written_at` was, if known (zero if it lies in the future).
+    pub fn age(&self) -> Option<Duration> {
+        self.written_at
+            .map(|t| SystemTime::now().duration_since(t).unwrap_or_default())
     }
 
     /// The position stored in `store`, if any.
@@ -74,6 +114,15 @@ impl ChangelogPosition {
                     .map_err(|_| bad("changelog.partition"))?,
             ),
             offset: i64::from_be_bytes(offset.try_into().map_err(|_| bad("changelog.offset"))?),
+            written_at: match store.metadata(WRITTEN_AT_KEY)? {
+                None => None,
+                Some(ms) => {
+                    let ms = u64::from_be_bytes(
+                        ms.try_into().map_err(|_| bad("changelog.written_at_ms"))?,
+                    );
+                    (ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
+                }
+            },
         }))
     }
 }

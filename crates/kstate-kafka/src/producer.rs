@@ -5,11 +5,17 @@
 //! send order, so "records up to sequence `n` are acknowledged" is one counter, and the commit
 //! protocol can ask for the exact offset of the last record of its snapshot. A failed delivery
 //! poisons the store: once one record is lost, later ones must not be applied over it.
+//!
+//! One writer per partition (DESIGN.md): acknowledged offsets must also be contiguous, starting
+//! at the restore's end. A gap means another writer (a second store on the partition, or a zombie
+//! producer) appended records this store never applied; a commit past them would store an offset
+//! the store's contents do not match, so the gap poisons instead, and the reopen restores them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use kstate_core::PoisonReason;
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -28,8 +34,11 @@ struct Acks {
     /// A commit waiting for the offset of this sequence number.
     watch: Option<u64>,
     watched_offset: Option<i64>,
+    /// The offset the next acknowledged record must have: the restore's end, then the last
+    /// acknowledged offset + 1. `None` until the restore has ended (nothing is sent before).
+    next_offset: Option<i64>,
     /// Why the changelog can no longer be trusted, once it cannot.
-    poisoned: Option<String>,
+    poisoned: Option<PoisonReason>,
     /// Threads waiting on `changed`. Acknowledgements wake them only when there are any: most
     /// records have no waiter, and a wake is a system call per record.
     waiters: u32,
@@ -51,7 +60,7 @@ impl AckTracker {
     }
 
     /// Records why the changelog can no longer be trusted (the first reason wins).
-    fn set_poisoned(&self, acks: &mut Acks, reason: String) {
+    fn set_poisoned(&self, acks: &mut Acks, reason: PoisonReason) {
         if acks.poisoned.is_none() {
             tracing::error!(%reason, "changelog poisoned");
             acks.poisoned = Some(reason);
@@ -60,12 +69,18 @@ impl AckTracker {
         self.changed.notify_all();
     }
 
-    pub(crate) fn poison(&self, reason: String) {
+    pub(crate) fn poison(&self, reason: PoisonReason) {
         let mut acks = self.lock();
         self.set_poisoned(&mut acks, reason);
     }
 
-    pub(crate) fn poisoned(&self) -> Option<String> {
+    /// The first record sent from now on must land at `offset` (the restore's end), each next one
+    /// right after its predecessor.
+    pub(crate) fn expect_offsets_from(&self, offset: i64) {
+        self.lock().next_offset = Some(offset);
+    }
+
+    pub(crate) fn poisoned(&self) -> Option<PoisonReason> {
         if !self.is_poisoned.load(Ordering::Acquire) {
             return None;
         }
@@ -90,7 +105,7 @@ impl AckTracker {
     }
 
     /// Waits until every record up to `seq` is acknowledged.
-    pub(crate) fn wait_for(&self, seq: u64, timeout: Duration) -> Result<(), String> {
+    pub(crate) fn wait_for(&self, seq: u64, timeout: Duration) -> Result<(), PoisonReason> {
         let deadline = Instant::now() + timeout;
         let mut acks = self.lock();
         loop {
@@ -102,7 +117,10 @@ impl AckTracker {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!("record {seq} not acknowledged within {timeout:?}"));
+                return Err(PoisonReason::Timeout {
+                    waiting_for: format!("the acknowledgement of record {seq}"),
+                    waited: timeout,
+                });
             }
             acks = self.wait(acks, left);
         }
@@ -111,7 +129,7 @@ impl AckTracker {
     /// The offset of record `seq`, waiting for its acknowledgement. Must be called before any
     /// record after `seq` is sent (the store calls it with its state lock held while
     /// registering), then waited on with [`AckTracker::wait_for_watched`].
-    pub(crate) fn watch(&self, seq: u64) -> Result<Option<i64>, String> {
+    pub(crate) fn watch(&self, seq: u64) -> Result<Option<i64>, PoisonReason> {
         let mut acks = self.lock();
         if let Some(reason) = &acks.poisoned {
             return Err(reason.clone());
@@ -124,7 +142,7 @@ impl AckTracker {
         Ok(None)
     }
 
-    pub(crate) fn wait_for_watched(&self, timeout: Duration) -> Result<i64, String> {
+    pub(crate) fn wait_for_watched(&self, timeout: Duration) -> Result<i64, PoisonReason> {
         let deadline = Instant::now() + timeout;
         let mut acks = self.lock();
         loop {
@@ -137,9 +155,10 @@ impl AckTracker {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!(
-                    "commit's last record not acknowledged within {timeout:?}"
-                ));
+                return Err(PoisonReason::Timeout {
+                    waiting_for: "the acknowledgement of a commit's last record".into(),
+                    waited: timeout,
+                });
             }
             acks = self.wait(acks, left);
         }
@@ -154,13 +173,26 @@ impl AckTracker {
         if seq != acks.acked_seq + 1 || offset < 0 {
             // The idempotent producer acknowledges in order with real offsets; anything else
             // breaks the offset bookkeeping, so refuse to go on rather than store a wrong position.
-            let reason = format!(
-                "acknowledgement for record {seq} (offset {offset}) arrived after record {}",
-                acks.acked_seq
-            );
+            let reason = PoisonReason::OutOfOrder {
+                message: format!(
+                    "acknowledgement for record {seq} (offset {offset}) arrived after record {}",
+                    acks.acked_seq
+                ),
+            };
             self.set_poisoned(&mut acks, reason);
             return;
         }
+        if let Some(expected) = acks.next_offset
+            && offset != expected
+        {
+            let reason = PoisonReason::ForeignWrite {
+                expected_offset: expected,
+                actual_offset: offset,
+            };
+            self.set_poisoned(&mut acks, reason);
+            return;
+        }
+        acks.next_offset = Some(offset + 1);
         acks.acked_seq = seq;
         acks.last_offset = Some(offset);
         if acks.watch == Some(seq) {
@@ -187,10 +219,12 @@ impl ProducerContext for DeliveryContext {
     fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
         match result {
             Ok(message) => self.tracker.delivered(seq as u64, message.offset()),
-            Err((error, _)) => self.tracker.poison(format!(
-                "changelog {}: record {seq} was not delivered: {error}",
-                self.where_
-            )),
+            Err((error, _)) => self.tracker.poison(PoisonReason::DeliveryFailed {
+                message: format!(
+                    "changelog {}: record {seq} was not delivered: {error}",
+                    self.where_
+                ),
+            }),
         }
     }
 }
@@ -263,7 +297,7 @@ impl ChangelogProducer {
         key: &[u8],
         value: Option<&[u8]>,
         queue_timeout: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), PoisonReason> {
         let mut record = BaseRecord::with_opaque_to(&self.topic, seq as usize)
             .partition(self.partition)
             .key(key);
@@ -281,10 +315,13 @@ impl ChangelogProducer {
                     record = back;
                     let deadline = *deadline.get_or_insert_with(|| Instant::now() + queue_timeout);
                     if Instant::now() >= deadline {
-                        let reason = format!(
-                            "changelog {}/{}: the producer queue stayed full for {queue_timeout:?}",
-                            self.topic, self.partition
-                        );
+                        let reason = PoisonReason::Timeout {
+                            waiting_for: format!(
+                                "room in the producer queue of changelog {}/{}",
+                                self.topic, self.partition
+                            ),
+                            waited: queue_timeout,
+                        };
                         self.tracker.poison(reason.clone());
                         return Err(reason);
                     }
@@ -292,10 +329,12 @@ impl ChangelogProducer {
                     std::thread::sleep(Duration::from_micros(200));
                 }
                 Err((error, _)) => {
-                    let reason = format!(
-                        "changelog {}/{}: send failed: {error}",
-                        self.topic, self.partition
-                    );
+                    let reason = PoisonReason::ClientFailed {
+                        message: format!(
+                            "changelog {}/{}: send failed: {error}",
+                            self.topic, self.partition
+                        ),
+                    };
                     self.tracker.poison(reason.clone());
                     return Err(reason);
                 }

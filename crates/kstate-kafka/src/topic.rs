@@ -3,7 +3,15 @@
 //! A changelog is compacted (`cleanup.policy=compact`): only the latest record per key matters, and
 //! tombstones delete. An existing topic with another partition count or cleanup policy is an
 //! error, never a silent write to what may be the wrong partition (a store's partition number
-//! only means something if the topic is partitioned the way the task expects).
+//! only means something if the topic is partitioned the way the task expects). So is a topic with
+//! fewer replicas or a lower `min.insync.replicas` than configured, or a `max.message.bytes` below
+//! the store's [`max_record_bytes`](crate::ChangelogConfig::max_record_bytes) (the broker would
+//! reject records the store accepted, and poison it).
+//!
+//! A missing topic is created only when the caller allows it: a store that holds a position must
+//! not recreate its lost changelog silently (see [`LostChangelog`](crate::LostChangelog)).
+
+use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -14,14 +22,31 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
 
-/// Makes sure the changelog topic exists, is compacted and has the configured partition count.
-pub(crate) fn ensure_topic(config: &ChangelogConfig) -> Result<(), ChangelogError> {
-    if config.partition < 0 || config.partition >= config.partitions {
+/// What the store needs to know of its topic.
+#[derive(Debug, Clone)]
+pub(crate) struct TopicFacts {
+    /// How long compaction keeps tombstones (`delete.retention.ms`), if the broker said.
+    pub(crate) delete_retention: Option<Duration>,
+}
+
+/// Makes sure the changelog topic exists (creating it when `create` allows), is compacted and
+/// has the configured partition count and settings. `Ok(None)`: it is missing and was not
+/// created.
+pub(crate) fn ensure_topic(
+    config: &ChangelogConfig,
+    create: bool,
+) -> Result<Option<TopicFacts>, ChangelogError> {
+    let outside = match config.partitions {
+        Some(n) => config.partition < 0 || config.partition >= n,
+        None => config.partition < 0,
+    };
+    if outside {
         return Err(ChangelogError::InvalidConfig {
             topic: config.topic.clone(),
             message: format!(
                 "partition {} is outside 0..{}",
-                config.partition, config.partitions
+                config.partition,
+                config.partitions.unwrap_or(i32::MAX)
             ),
         });
     }
@@ -40,9 +65,12 @@ pub(crate) fn ensure_topic(config: &ChangelogConfig) -> Result<(), ChangelogErro
     let topic = metadata.topics().iter().find(|t| t.name() == config.topic);
     let exists = topic.is_some_and(|t| t.error().is_none() && !t.partitions().is_empty());
     if !exists {
+        if !create {
+            return Ok(None);
+        }
         create_topic(config)?;
     }
-    verify_topic(config, &probe)
+    verify_topic(config, &probe).map(Some)
 }
 
 fn kafka(config: &ChangelogConfig, operation: &'static str, source: KafkaError) -> ChangelogError {
@@ -83,13 +111,21 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 }
 
 fn create_topic(config: &ChangelogConfig) -> Result<(), ChangelogError> {
+    let Some(partitions) = config.partitions else {
+        return Err(ChangelogError::InvalidConfig {
+            topic: config.topic.clone(),
+            message: "the topic does not exist, and creating it needs its partition count: set \
+                      ChangelogConfig::partitions to the task input's partition count"
+                .into(),
+        });
+    };
     let admin = admin(config)?;
     let min_isr = config.min_insync_replicas.map(|n| n.to_string());
     let max_message = (config.max_record_bytes > crate::config::DEFAULT_MAX_RECORD_BYTES)
         .then(|| (config.max_record_bytes + crate::config::RECORD_OVERHEAD).to_string());
     let mut topic = NewTopic::new(
         &config.topic,
-        config.partitions,
+        partitions,
         TopicReplication::Fixed(config.replication_factor),
     )
     .set("cleanup.policy", "compact");
@@ -105,7 +141,7 @@ fn create_topic(config: &ChangelogConfig) -> Result<(), ChangelogError> {
     for result in results {
         match result {
             Ok(_) => {
-                tracing::info!(topic = %config.topic, partitions = config.partitions, "created changelog topic")
+                tracing::info!(topic = %config.topic, partitions, "created changelog topic")
             }
             // Another task created it first: verified below like any existing topic.
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
@@ -121,46 +157,100 @@ fn create_topic(config: &ChangelogConfig) -> Result<(), ChangelogError> {
     Ok(())
 }
 
-fn verify_topic(config: &ChangelogConfig, probe: &BaseConsumer) -> Result<(), ChangelogError> {
+fn verify_topic(
+    config: &ChangelogConfig,
+    probe: &BaseConsumer,
+) -> Result<TopicFacts, ChangelogError> {
     // Metadata of a just-created topic can take a moment to show every partition.
     let deadline = std::time::Instant::now() + config.open_timeout;
-    let actual = loop {
+    let (actual, replicas) = loop {
         let metadata = probe
             .fetch_metadata(Some(&config.topic), config.open_timeout)
             .map_err(|source| kafka(config, "read topic metadata", source))?;
-        let count = metadata
+        let (count, replicas) = metadata
             .topics()
             .iter()
             .find(|t| t.name() == config.topic && t.error().is_none())
-            .map_or(0, |t| t.partitions().len() as i32);
+            .map_or((0, 0), |t| {
+                let replicas = t
+                    .partitions()
+                    .iter()
+                    .find(|p| p.id() == config.partition)
+                    .map_or(0, |p| p.replicas().len() as i32);
+                (t.partitions().len() as i32, replicas)
+            });
         if count > 0 || std::time::Instant::now() >= deadline {
-            break count;
+            break (count, replicas);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
-    if actual != config.partitions {
-        return Err(ChangelogError::PartitionCountMismatch {
-            topic: config.topic.clone(),
-            expected: config.partitions,
-            actual,
-        });
+    let settings = |problem: String| ChangelogError::TopicSettings {
+        topic: config.topic.clone(),
+        problem,
+    };
+    match config.partitions {
+        Some(expected) if actual != expected => {
+            return Err(ChangelogError::PartitionCountMismatch {
+                topic: config.topic.clone(),
+                expected,
+                actual,
+            });
+        }
+        None if config.partition >= actual => {
+            return Err(settings(format!(
+                "it has {actual} partitions, so partition {} does not exist",
+                config.partition
+            )));
+        }
+        _ => {}
+    }
+    if replicas < config.replication_factor {
+        return Err(settings(format!(
+            "partition {} has {replicas} replicas, fewer than the configured replication factor \
+             {}",
+            config.partition, config.replication_factor
+        )));
     }
     let admin = admin(config)?;
     let options = AdminOptions::new().request_timeout(Some(config.open_timeout));
     let described =
         block_on(admin.describe_configs(&[ResourceSpecifier::Topic(&config.topic)], &options))
             .map_err(|source| kafka(config, "describe changelog topic", source))?;
-    let policy = described
-        .into_iter()
-        .next()
-        .and_then(Result::ok)
-        .and_then(|resource| resource.get("cleanup.policy").and_then(|e| e.value.clone()))
-        .unwrap_or_default();
+    let resource = described.into_iter().next().and_then(Result::ok);
+    let setting = |name: &str| {
+        resource
+            .as_ref()
+            .and_then(|r| r.get(name).and_then(|e| e.value.clone()))
+    };
+    let number = |name: &str| setting(name).and_then(|v| v.parse::<i64>().ok());
+    let policy = setting("cleanup.policy").unwrap_or_default();
     if !policy.split(',').any(|p| p.trim() == "compact") {
         return Err(ChangelogError::NotCompacted {
             topic: config.topic.clone(),
             actual: policy,
         });
     }
-    Ok(())
+    if let (Some(wanted), Some(actual)) = (config.min_insync_replicas, number("min.insync.replicas"))
+        && actual < i64::from(wanted)
+    {
+        return Err(settings(format!(
+            "min.insync.replicas={actual}, below the configured {wanted}"
+        )));
+    }
+    let needed = (config.max_record_bytes + crate::config::RECORD_OVERHEAD) as i64;
+    if let Some(limit) = number("max.message.bytes")
+        && limit < needed
+    {
+        return Err(settings(format!(
+            "max.message.bytes={limit}, but the store accepts records of up to {} bytes \
+             (ChangelogConfig::max_record_bytes) and needs {needed}: the broker would reject \
+             them; raise the topic's limit or lower max_record_bytes",
+            config.max_record_bytes
+        )));
+    }
+    Ok(TopicFacts {
+        delete_retention: number("delete.retention.ms")
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis),
+    })
 }

@@ -47,6 +47,7 @@ impl LoggedHarness {
     fn config(&self, topic: &str) -> ChangelogConfig {
         let servers = kstate_test_broker::bootstrap_servers().unwrap();
         ChangelogConfig::new(servers, topic, 0)
+            .partitions(1)
             .durability(self.mode)
             .delivery_timeout(Duration::from_secs(20))
             // Small bounds, so scenarios also cross early commits.

@@ -273,15 +273,28 @@ fn launcher_broker() -> Result<Broker, String> {
 pub struct PrivateBroker {
     state_dir: PathBuf,
     bootstrap_servers: String,
+    /// `KSTATE_KAFKA_BROKER_PROPERTIES` for the launcher.
+    properties: String,
 }
 
 impl PrivateBroker {
     /// Starts the broker and waits until it answers.
     pub fn start() -> Result<Self, BrokerError> {
+        Self::start_with(&[])
+    }
+
+    /// Starts the broker with extra broker `properties` (e.g. a short
+    /// `producer.id.expiration.ms`) and waits until it answers.
+    pub fn start_with(properties: &[(&str, &str)]) -> Result<Self, BrokerError> {
         let state_dir = std::env::temp_dir().join(unique_topic("private-broker"));
         let mut broker = PrivateBroker {
             state_dir,
             bootstrap_servers: String::new(),
+            properties: properties
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" "),
         };
         broker.bootstrap_servers = broker.launcher("start")?;
         Ok(broker)
@@ -294,22 +307,38 @@ impl PrivateBroker {
 
     /// Kills the broker with SIGKILL: no shutdown, no goodbye to its clients.
     pub fn kill(&self) -> Result<(), BrokerError> {
+        self.signal("KILL")
+    }
+
+    /// Stops the broker with SIGSTOP: connections stay open and nothing answers, as with a
+    /// broker stuck in a long GC pause or behind a dead network link. [`resume`](Self::resume)
+    /// continues it.
+    pub fn pause(&self) -> Result<(), BrokerError> {
+        self.signal("STOP")
+    }
+
+    /// Continues a [`pause`](Self::pause)d broker (SIGCONT).
+    pub fn resume(&self) -> Result<(), BrokerError> {
+        self.signal("CONT")
+    }
+
+    fn signal(&self, signal: &'static str) -> Result<(), BrokerError> {
         let failed = |message: String| BrokerError::Launcher {
-            command: "kill",
+            command: signal,
             state_dir: self.state_dir.display().to_string(),
             message,
         };
         let pid = std::fs::read_to_string(self.state_dir.join("broker.pid"))
             .map_err(|e| failed(e.to_string()))?;
         let status = Command::new("kill")
-            .args(["-KILL", pid.trim()])
+            .args([format!("-{signal}").as_str(), pid.trim()])
             .status()
             .map_err(|e| failed(e.to_string()))?;
         if status.success() {
             Ok(())
         } else {
             Err(failed(format!(
-                "kill -KILL {} exited with {status}",
+                "kill -{signal} {} exited with {status}",
                 pid.trim()
             )))
         }
@@ -326,6 +355,7 @@ impl PrivateBroker {
             .arg(command)
             .env("KSTATE_KAFKA_STATE_DIR", &self.state_dir)
             .env("KSTATE_KAFKA_IDLE_SECS", "600")
+            .env("KSTATE_KAFKA_BROKER_PROPERTIES", &self.properties)
             .output()
             .map_err(|e| failed(format!("cannot run {}: {e}", script.display())))?;
         if !output.status.success() {
@@ -338,6 +368,8 @@ impl PrivateBroker {
 
 impl Drop for PrivateBroker {
     fn drop(&mut self) {
+        // A paused broker would not hear the stop.
+        let _ = self.resume();
         if let Err(e) = self.launcher("stop") {
             tracing::warn!(error = %e, "could not stop the private broker");
         }

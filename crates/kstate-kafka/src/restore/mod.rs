@@ -1,0 +1,261 @@
+//! Restore: replay the changelog into a fresh or stale RocksDB when a store opens.
+//!
+//! Each step decides one thing, in its own module:
+//!
+//! 1. Open RocksDB and read the stored [`ChangelogPosition`].
+//! 2. Make sure the topic is there ([`crate::topic`]); a store that holds a position never
+//!    recreates a missing changelog on its own ([`LostChangelog`]).
+//! 3. Capture the end ([`end`]): the partition's real high watermark, once no open transaction
+//!    holds the last stable offset below it.
+//! 4. Decide whether the stored position can be trusted ([`trust`]): resume after it, rebuild
+//!    from the low watermark (with a warning), reseed the changelog from the store, or refuse.
+//!    Wipes rename the directory aside first ([`wipe`]).
+//! 5. Replay with `isolation.level=read_committed` ([`replay`]) into batches written atomically
+//!    with their last offset, or, into an empty store, into sorted SST files.
+//! 6. Report to the [`RestoreListener`], through `tracing` spans and `metrics`.
+//!
+//! A restore ends at the end captured in step 3; records written later are the store's own (or,
+//! if another writer's, poison it: see the producer's offset checks).
+
+mod end;
+mod replay;
+mod trust;
+mod wipe;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kstate_core::{BoxError, KeyValueStore};
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use rdkafka::consumer::BaseConsumer;
+
+use crate::config::{ChangelogConfig, LostChangelog};
+use crate::error::ChangelogError;
+use crate::position::ChangelogPosition;
+use crate::topic::{TopicFacts, ensure_topic};
+
+/// The restore consumer's fetch settings, measured on 1,000,000-record restores (BENCHMARKS.md).
+/// Once the local queue is full, librdkafka postpones the next fetch by `fetch.queue.backoff.ms`
+/// (1 s by default); a restore drains the queue far sooner and then sat idle, losing most of a
+/// second per million records. 2 MiB fetches with the default queue (100,000 messages) beat
+/// 16 MiB with 200,000 by about 18%: less memory to fault in per response. Public so that a
+/// baseline consumer (the rows-per-second example's) reads with exactly these.
+pub const RESTORE_FETCH_SETTINGS: &[(&str, &str)] = &[
+    ("fetch.queue.backoff.ms", "10"),
+    ("max.partition.fetch.bytes", "2097152"),
+];
+
+/// Checks a replayed record before it is applied, e.g. that the typed layer can decode it.
+/// A rejected record fails the restore with an error naming topic, partition and offset.
+pub type RecordCheck = Arc<dyn Fn(&[u8], &[u8]) -> Result<(), BoxError> + Send + Sync>;
+
+/// Where and how far a restore goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreStart {
+    /// The changelog topic.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// The first offset read.
+    pub start_offset: i64,
+    /// The high watermark captured at the start: the restore ends there.
+    pub end_offset: i64,
+    /// Why the store was wiped and rebuilt from the beginning, if it was.
+    pub rebuild_reason: Option<String>,
+}
+
+/// One batch written to RocksDB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRestored {
+    /// The changelog topic.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// The offset of the batch's last record, stored with it.
+    pub last_offset: i64,
+    /// Records in this batch.
+    pub records: usize,
+    /// Bytes of keys and values in this batch.
+    pub bytes: usize,
+    /// Records so far.
+    pub total_records: u64,
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Where it started and ended.
+    pub start: RestoreStart,
+    /// Records applied.
+    pub records: u64,
+    /// Batches written.
+    pub batches: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl RestoreReport {
+    /// Records per second.
+    pub fn records_per_sec(&self) -> f64 {
+        self.records as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Hears about restores. Every method has an empty default.
+pub trait RestoreListener: Send + Sync {
+    /// Before the first record.
+    fn on_restore_start(&self, _start: &RestoreStart) {}
+    /// After each batch is written, in changelog order, from the restore's writer thread (the
+    /// other two methods are called from the thread that opens the store).
+    fn on_batch_restored(&self, _batch: &BatchRestored) {}
+    /// After the last batch.
+    fn on_restore_end(&self, _report: &RestoreReport) {}
+}
+
+/// What [`restore`] leaves behind.
+pub(crate) struct Restored {
+    /// The store, up to the captured end.
+    pub(crate) store: RocksDbStore,
+    /// What the restore did.
+    pub(crate) report: RestoreReport,
+    /// Set when the local contents must be written into the empty changelog
+    /// ([`LostChangelog::Reseed`]): why.
+    pub(crate) reseed: Option<String>,
+    /// What the topic said of itself.
+    pub(crate) topic: TopicFacts,
+}
+
+/// Opens the store at `path` and brings it up to the changelog's current end.
+pub(crate) fn restore(
+    path: &Path,
+    options: &RocksDbOptions,
+    config: &ChangelogConfig,
+    listener: Option<&dyn RestoreListener>,
+    check: Option<&RecordCheck>,
+) -> Result<Restored, ChangelogError> {
+    let (topic, partition) = (config.topic.as_str(), config.partition);
+    let span = tracing::info_span!("restore", topic, partition);
+    let _entered = span.enter();
+    let started = Instant::now();
+
+    let mut store = RocksDbStore::open(path, options)?;
+    let position = ChangelogPosition::read(&store)?;
+
+    // A store that holds a position never recreates its missing changelog on its own.
+    let create = position.is_none() || config.lost_changelog != LostChangelog::Refuse;
+    let topic_facts = ensure_topic(config, create)?;
+    let consumer = restore_consumer(config)?;
+    let watermarks = match topic_facts {
+        Some(_) => Some(end::capture_end(config, &consumer)?),
+        None => None,
+    };
+
+    let plan = trust::decide(&trust::Facts {
+        path,
+        config,
+        position: position.as_ref(),
+        has_data: store.all()?.next().is_some(),
+        watermarks,
+        delete_retention: topic_facts.as_ref().and_then(|f| f.delete_retention),
+    })?;
+    // The plan refuses a missing topic, so both are known from here on.
+    let (Some(topic_facts), Some(watermarks)) = (topic_facts, watermarks) else {
+        return Err(ChangelogError::ChangelogLost {
+            path: path.to_path_buf(),
+            topic: topic.to_string(),
+            partition,
+            stored_offset: position.map_or(-1, |p| p.offset),
+            found: "does not exist".into(),
+        });
+    };
+    let high = watermarks.high;
+    let (start_offset, rebuild_reason, bulk, reseed) = match plan {
+        trust::Plan::Resume { from } => (from, None, false, None),
+        trust::Plan::FromStart { wipe } => {
+            if let Some(reason) = &wipe {
+                tracing::warn!(%reason, path = %path.display(), "wiping the store and rebuilding it from the changelog");
+                drop(store);
+                wipe::wipe(path)?;
+                store = RocksDbStore::open(path, options)?;
+            }
+            (watermarks.low, wipe, true, None)
+        }
+        trust::Plan::Reseed { reason } => (high, None, false, Some(reason)),
+    };
+    let start = RestoreStart {
+        topic: topic.to_string(),
+        partition,
+        start_offset,
+        end_offset: high,
+        rebuild_reason,
+    };
+    tracing::info!(start_offset, end_offset = high, low = watermarks.low, "restore starting");
+    if let Some(l) = listener {
+        l.on_restore_start(&start);
+    }
+
+    let (records, batches) = if start_offset < high {
+        replay::replay(replay::Replay {
+            path,
+            store: &store,
+            consumer: &consumer,
+            config,
+            start_offset,
+            high,
+            bulk,
+            listener,
+            check,
+            span: &span,
+        })?
+    } else {
+        (0, 0)
+    };
+    let report = RestoreReport {
+        start,
+        records,
+        batches,
+        elapsed: started.elapsed(),
+    };
+    tracing::info!(
+        records,
+        batches,
+        elapsed_ms = report.elapsed.as_millis() as u64,
+        "restore done"
+    );
+    metrics::histogram!("kstate_restore_seconds").record(report.elapsed.as_secs_f64());
+    metrics::gauge!("kstate_restore_rate", "topic" => topic.to_string())
+        .set(report.records_per_sec());
+    if let Some(l) = listener {
+        l.on_restore_end(&report);
+    }
+    Ok(Restored {
+        store,
+        report,
+        reseed,
+        topic: topic_facts,
+    })
+}
+
+/// The `read_committed` consumer a restore reads with.
+fn restore_consumer(config: &ChangelogConfig) -> Result<BaseConsumer, ChangelogError> {
+    let mut client = config.client_config();
+    for (key, value) in RESTORE_FETCH_SETTINGS {
+        client.set(*key, *value);
+    }
+    client
+        .set("group.id", "kstate-restore")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        // If the log start moves past the position while restoring, fail instead of skipping
+        // records silently; the next open then sees the truncation and rebuilds.
+        .set("auto.offset.reset", "error")
+        .create()
+        .map_err(|source| ChangelogError::Kafka {
+            topic: config.topic.clone(),
+            partition: config.partition,
+            operation: "create restore consumer",
+            source,
+        })
+}

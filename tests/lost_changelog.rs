@@ -1,0 +1,240 @@
+//! Never delete the only copy: a store whose changelog is missing, empty, or named differently
+//! (a deleted topic, a typo, the wrong cluster) is refused with an error that says what to do,
+//! and its directory keeps every key. Rebuilding or reseeding are explicit opt-ins.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use kstate::kstate_core::KeyValueStore;
+use kstate::kstate_kafka::{Durability, LoggedStore, LostChangelog};
+use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use kstate_test_broker::{bootstrap_servers, unique_topic};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+const KEYS: u32 = 50;
+
+fn admin() -> Result<AdminClient<DefaultClientContext>> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?)
+}
+
+/// A store at `path` holding `KEYS` keys, committed and closed, on changelog `topic`.
+fn written_store(path: &Path, topic: &str) -> Result<()> {
+    let store = LoggedStore::open(
+        path,
+        &RocksDbOptions::default(),
+        common::changelog(topic)?.durability(Durability::Async),
+    )?;
+    for i in 0..KEYS {
+        store.put(format!("key-{i:03}").as_bytes(), b"only copy")?;
+    }
+    store.close()?;
+    Ok(())
+}
+
+/// The keys the directory holds, read with RocksDB alone.
+fn local_keys(path: &Path) -> Result<usize> {
+    let raw = RocksDbStore::open(path, &RocksDbOptions::default())?;
+    let n = raw.all()?.count();
+    raw.close()?;
+    Ok(n)
+}
+
+/// Deletes `topic` and waits until the broker no longer lists it.
+async fn delete_topic(topic: &str) -> Result<()> {
+    admin()?
+        .delete_topics(&[topic], &AdminOptions::new())
+        .await?;
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metadata = probe.fetch_metadata(None, Duration::from_secs(10))?;
+        if !metadata.topics().iter().any(|t| t.name() == topic) {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{topic} was not deleted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Creates `topic` again, compacted and empty, once the deletion has completed.
+async fn recreate_topic(topic: &str) -> Result<()> {
+    let admin = admin()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let new =
+            NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+        let created = admin.create_topics(&[new], &AdminOptions::new()).await?;
+        if created.iter().all(Result::is_ok) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "could not recreate {topic}: {created:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn reopen(path: &Path, topic: &str) -> Result<LoggedStore, kstate::kstate_kafka::ChangelogError> {
+    let config = common::changelog(topic)
+        .expect("broker")
+        .durability(Durability::Async)
+        .open_timeout(Duration::from_secs(10));
+    LoggedStore::open(path, &RocksDbOptions::default(), config)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_changelog_is_neither_recreated_nor_the_store_wiped() -> Result<()> {
+    let topic = unique_topic("deleted-topic");
+    let dir = tempfile::tempdir()?;
+    written_store(dir.path(), &topic)?;
+    delete_topic(&topic).await?;
+
+    let err = match reopen(dir.path(), &topic) {
+        Ok(store) => anyhow::bail!(
+            "opened without its changelog: {:?}",
+            store.restore_report().start
+        ),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(&topic), "the error names the topic: {err}");
+    assert_eq!(local_keys(dir.path())?, KEYS as usize, "the local copy is kept");
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    let metadata = probe.fetch_metadata(None, Duration::from_secs(10))?;
+    assert!(
+        !metadata.topics().iter().any(|t| t.name() == topic),
+        "the topic was created again"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_recreated_changelog_does_not_wipe_the_store() -> Result<()> {
+    let topic = unique_topic("emptied-topic");
+    let dir = tempfile::tempdir()?;
+    written_store(dir.path(), &topic)?;
+    delete_topic(&topic).await?;
+    recreate_topic(&topic).await?;
+
+    let err = match reopen(dir.path(), &topic) {
+        Ok(store) => anyhow::bail!(
+            "opened on an empty changelog: {:?}",
+            store.restore_report().start
+        ),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(&topic), "{err}");
+    assert_eq!(local_keys(dir.path())?, KEYS as usize, "the local copy is kept");
+    Ok(())
+}
+
+#[test]
+fn a_store_of_another_changelog_is_refused_not_wiped() -> Result<()> {
+    let (topic, typo) = (unique_topic("right-name"), unique_topic("typo-name"));
+    let dir = tempfile::tempdir()?;
+    written_store(dir.path(), &topic)?;
+    let err = match reopen(dir.path(), &typo) {
+        Ok(store) => anyhow::bail!(
+            "opened with another changelog: {:?}",
+            store.restore_report().start
+        ),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(&topic) && err.contains(&typo), "{err}");
+    assert_eq!(local_keys(dir.path())?, KEYS as usize, "the local copy is kept");
+    Ok(())
+}
+
+fn reopen_choosing(path: &Path, topic: &str, choice: LostChangelog) -> Result<LoggedStore> {
+    let config = common::changelog(topic)?
+        .durability(Durability::Async)
+        .lost_changelog(choice);
+    Ok(LoggedStore::open(path, &RocksDbOptions::default(), config)?)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reseed_writes_the_local_store_into_a_new_changelog() -> Result<()> {
+    let topic = unique_topic("reseed");
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("store");
+    written_store(&path, &topic)?;
+    delete_topic(&topic).await?;
+
+    let store = reopen_choosing(&path, &topic, LostChangelog::Reseed)?;
+    let held = common::contents(&store)?;
+    assert_eq!(held.len(), KEYS as usize);
+    let end = common::high_watermark(&topic, 0)?;
+    assert_eq!(end, i64::from(KEYS), "one record per key");
+    assert_eq!(common::fold_changelog(&topic, 0, end)?, held);
+    store.put(b"after-reseed", b"x")?; // lands right after the reseeded records
+    store.close()?;
+    drop(store);
+
+    // The changelog is whole again: a plain open resumes, and a lost directory rebuilds from it.
+    let store = reopen(&path, &topic)?;
+    assert_eq!(store.restore_report().records, 0);
+    assert!(store.restore_report().start.rebuild_reason.is_none());
+    store.close()?;
+    drop(store);
+    std::fs::remove_dir_all(&path)?;
+    let store = reopen(&path, &topic)?;
+    assert_eq!(common::contents(&store)?.len(), KEYS as usize + 1);
+    store.close()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rebuild_on_a_lost_changelog_is_an_explicit_choice() -> Result<()> {
+    let topic = unique_topic("rebuild-choice");
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("store");
+    written_store(&path, &topic)?;
+    delete_topic(&topic).await?;
+
+    let store = reopen_choosing(&path, &topic, LostChangelog::Rebuild)?;
+    let reason = store.restore_report().start.rebuild_reason.clone();
+    assert!(reason.is_some(), "the rebuild is reported");
+    assert!(common::contents(&store)?.is_empty(), "rebuilt from an empty changelog");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|n| n != "store")
+        .collect();
+    assert!(leftovers.is_empty(), "the wiped copy is gone: {leftovers:?}");
+    store.close()?;
+    Ok(())
+}
+
+#[test]
+fn a_plain_rocksdb_directory_is_not_taken_for_a_stale_store() -> Result<()> {
+    let topic = unique_topic("plain-rocksdb");
+    let dir = tempfile::tempdir()?;
+    let raw = RocksDbStore::open(dir.path(), &RocksDbOptions::default())?;
+    raw.put(b"precious", b"data")?;
+    raw.close()?;
+    drop(raw);
+    let err = match reopen(dir.path(), &topic) {
+        Ok(store) => anyhow::bail!("opened a plain RocksDB directory: {:?}", store.restore_report()),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, kstate::kstate_kafka::ChangelogError::NotAChangelogStore { .. }),
+        "{err}"
+    );
+    assert_eq!(local_keys(dir.path())?, 1);
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! Readers never wait on the broker: while a stalled broker keeps writers blocked on a full
+//! producer queue, `get` and `scan` still answer from the overlay and RocksDB.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use kstate::kstate_core::KeyValueStore;
+use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
+use kstate::kstate_rocksdb::RocksDbOptions;
+use kstate_test_broker::{PrivateBroker, unique_topic};
+
+#[test]
+fn a_get_answers_while_writers_wait_on_a_stalled_broker() -> Result<()> {
+    let broker = PrivateBroker::start()?;
+    let dir = tempfile::tempdir()?;
+    let config = ChangelogConfig::new(broker.bootstrap_servers(), unique_topic("stalled"), 0)
+        .partitions(1)
+        .durability(Durability::Async)
+        .delivery_timeout(Duration::from_secs(30))
+        // A small producer queue, so that writers block soon after the broker stalls.
+        .client_property("queue.buffering.max.messages", "1000");
+    let store = Arc::new(LoggedStore::open(
+        dir.path(),
+        &RocksDbOptions::default(),
+        config,
+    )?);
+    store.put(b"committed", b"1")?;
+    store.commit()?;
+    store.put(b"in-overlay", b"2")?;
+
+    broker.pause()?;
+    let written = Arc::new(AtomicU64::new(0));
+    let writer_done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (store, written, done) = (store.clone(), written.clone(), writer_done.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            let outcome = loop {
+                if let Err(e) = store.put(format!("w-{n}").as_bytes(), b"v") {
+                    break Err(e);
+                }
+                n += 1;
+                written.store(n, Ordering::Release);
+                if n == 200_000 {
+                    break Ok(());
+                }
+            };
+            done.store(true, Ordering::Release);
+            outcome
+        })
+    };
+    // Wait until the writer is stuck: no progress for half a second.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = u64::MAX;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = written.load(Ordering::Acquire);
+        if now == last {
+            break;
+        }
+        last = now;
+        ensure!(Instant::now() < deadline, "the writer never blocked ({now} puts)");
+    }
+    ensure!(!writer_done.load(Ordering::Acquire), "the writer stopped instead of blocking");
+
+    let started = Instant::now();
+    let committed = store.get(b"committed")?;
+    let overlay = store.get(b"in-overlay")?;
+    let scanned = store.prefix_scan(b"in-")?.count();
+    let waited = started.elapsed();
+    let writer_still_blocked =
+        !writer_done.load(Ordering::Acquire) && written.load(Ordering::Acquire) == last;
+    println!("reads while the writer was blocked took {waited:?}");
+    assert_eq!(committed.as_deref(), Some(&b"1"[..]));
+    assert_eq!(overlay.as_deref(), Some(&b"2"[..]));
+    assert_eq!(scanned, 1);
+    assert!(
+        writer_still_blocked,
+        "the reads returned only after the writer was released ({waited:?})"
+    );
+
+    broker.resume()?;
+    let outcome = writer.join().unwrap();
+    ensure!(outcome.is_ok(), "the writer failed after the broker resumed: {outcome:?}");
+    store.commit()?;
+    store.close()?;
+    Ok(())
+}

@@ -1,0 +1,340 @@
+//! Torture: writers in every durability mode are SIGKILLed at random moments (while opening and
+//! restoring too), and now and then their directory is deleted; after every kill the store must
+//! be a prefix of the mutations issued, containing every acknowledged one.
+//!
+//! Mutation `s` (a sequence number) is fully determined by `s`: key `s % KEYS`, and either a put of
+//! value `s` or, for every seventh, a delete. A child (this test binary run again with
+//! `KSTATE_TORTURE_DIR` set) issues mutations `base, base + 1, ...` and appends a sequence number
+//! to `acked` once everything up to it is acknowledged: after each put in `sync` mode, after each
+//! `commit` (every 100 mutations) in `async` and `group` mode. So the check needs no guessing:
+//! after a kill, the parent reopens the store and looks for a prefix length `L` of the history
+//! such that the store equals the fold of the first `L` mutations, with `L` covering the last
+//! acknowledged one. No such `L` means a lost acknowledged write or a phantom one.
+//!
+//! CI runs a short run (`KSTATE_TORTURE_KILLS`, default 17 per mode, about 50 in all);
+//! `scripts/torture --kills 1000` runs the long one whose results are in RELIABILITY.md.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use kstate::kstate_core::{Error, KeyValueStore};
+use kstate::kstate_kafka::{Durability, LoggedStore, OpenHooks};
+use kstate::kstate_rocksdb::RocksDbOptions;
+use kstate_test_broker::{bootstrap_servers, unique_topic};
+use rand::{Rng, SeedableRng};
+
+const DIR_ENV: &str = "KSTATE_TORTURE_DIR";
+const TOPIC_ENV: &str = "KSTATE_TORTURE_TOPIC";
+const MODE_ENV: &str = "KSTATE_TORTURE_MODE";
+const BASE_ENV: &str = "KSTATE_TORTURE_BASE";
+const KILLS_ENV: &str = "KSTATE_TORTURE_KILLS";
+const KEYS: u64 = 500;
+/// Sequence numbers of generation `g` start at `(g + 1) * GENERATION`.
+const GENERATION: u64 = 1_000_000_000;
+/// The exit code of a child whose store was poisoned (e.g. a killed predecessor's last record
+/// landed after this child's restore ended): a clean refusal, not a failure.
+const POISONED_EXIT: i32 = 3;
+
+/// Mutation `s`: its key and, unless it is a delete, its value.
+fn mutation(s: u64) -> (u64, Option<u64>) {
+    (s % KEYS, (s % 7 != 3).then_some(s))
+}
+
+fn parse_mode(text: &str) -> Result<Durability> {
+    Ok(text.parse()?)
+}
+
+/// The child's part: does nothing unless run by the parent below.
+#[test]
+fn torture_child_writes_until_killed() -> Result<()> {
+    let (Ok(dir), Ok(topic), Ok(mode), Ok(base)) = (
+        std::env::var(DIR_ENV),
+        std::env::var(TOPIC_ENV),
+        std::env::var(MODE_ENV),
+        std::env::var(BASE_ENV),
+    ) else {
+        return Ok(());
+    };
+    let mode = parse_mode(&mode)?;
+    let dir = Path::new(&dir);
+    let store = LoggedStore::open(
+        dir.join("store"),
+        &RocksDbOptions::default(),
+        common::changelog(&topic)?.durability(mode),
+    )?;
+    let mut acked = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("acked"))?;
+    let poisoned = |e: &Error| {
+        if matches!(e, Error::Poisoned { .. }) {
+            eprintln!("poisoned: {e}");
+            std::process::exit(POISONED_EXIT);
+        }
+    };
+    let base: u64 = base.parse()?;
+    for s in base.. {
+        let (key, value) = mutation(s);
+        let done = match value {
+            Some(v) => store.put(&key.to_be_bytes(), &v.to_be_bytes()),
+            None => store.delete(&key.to_be_bytes()),
+        };
+        done.inspect_err(poisoned)?;
+        let n = s - base + 1;
+        if mode == Durability::Sync {
+            acked.write_all(format!("{s}\n").as_bytes())?;
+        } else if n.is_multiple_of(100) {
+            store.commit().inspect_err(poisoned)?;
+            acked.write_all(format!("{s}\n").as_bytes())?;
+        }
+        if n.is_multiple_of(50) && mode != Durability::Sync {
+            // About 50,000 mutations a second at most, so that a long run's changelog stays a
+            // size that restores in seconds.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    Ok(())
+}
+
+/// The highest acknowledged sequence number at or above `base`.
+fn acked_since(file: &Path, base: u64) -> Result<Option<u64>> {
+    if !file.exists() {
+        return Ok(None);
+    }
+    let mut max = None;
+    for line in BufReader::new(std::fs::File::open(file)?).lines() {
+        let s: u64 = line?.trim().parse()?;
+        if s >= base {
+            max = max.max(Some(s));
+        }
+    }
+    Ok(max)
+}
+
+/// What the run saw.
+#[derive(Debug, Default)]
+struct Tally {
+    kills: usize,
+    killed_before_first_ack: usize,
+    poisoned_children: usize,
+    directory_deletes: usize,
+    unexpected_rebuilds: usize,
+    bad_states: usize,
+    mutations_kept: u64,
+    replayed_records: u64,
+}
+
+/// The fold of the confirmed history, and the check of a store against it.
+struct Model {
+    confirmed: BTreeMap<u64, u64>,
+}
+
+impl Model {
+    /// Finds the prefix length `L >= acked_len` of generation `base`'s mutations for which the
+    /// store equals the confirmed fold followed by them; on success the model moves there.
+    fn check(
+        &mut self,
+        base: u64,
+        acked_len: u64,
+        store: &BTreeMap<u64, u64>,
+    ) -> std::result::Result<u64, String> {
+        let mut folded = self.confirmed.clone();
+        let apply = |folded: &mut BTreeMap<u64, u64>, s: u64| match mutation(s) {
+            (k, Some(v)) => {
+                folded.insert(k, v);
+            }
+            (k, None) => {
+                folded.remove(&k);
+            }
+        };
+        for s in base..base + acked_len {
+            apply(&mut folded, s);
+        }
+        let at_acked = folded.clone();
+        // Anything of this generation in the store bounds how far the prefix can reach.
+        let newest = store.values().filter(|v| **v >= base).max().copied();
+        let max_len = newest.map_or(0, |v| v - base + 1).max(acked_len) + 8;
+        let differs = |folded: &BTreeMap<u64, u64>, k: u64| folded.get(&k) != store.get(&k);
+        let mut mismatched: usize = (0..KEYS).filter(|k| differs(&folded, *k)).count();
+        let mut len = acked_len;
+        while mismatched > 0 {
+            if len >= max_len {
+                let examples: Vec<String> = (0..KEYS)
+                    .filter(|k| differs(&at_acked, *k))
+                    .take(5)
+                    .map(|k| {
+                        format!(
+                            "key {k}: holds {:?}, acknowledged state {:?}",
+                            store.get(&k),
+                            at_acked.get(&k)
+                        )
+                    })
+                    .collect();
+                return Err(format!(
+                    "no prefix of at least {acked_len} mutations of generation {base} matches \
+                     the store; e.g. {examples:?}"
+                ));
+            }
+            let s = base + len;
+            let k = s % KEYS;
+            let before = differs(&folded, k);
+            apply(&mut folded, s);
+            let after = differs(&folded, k);
+            mismatched = mismatched + usize::from(after) - usize::from(before);
+            len += 1;
+        }
+        self.confirmed = folded;
+        Ok(len)
+    }
+}
+
+fn read_store(store: &LoggedStore) -> Result<BTreeMap<u64, u64>> {
+    let mut map = BTreeMap::new();
+    for entry in store.all()? {
+        let (k, v) = entry?;
+        let k = u64::from_be_bytes(k.try_into().map_err(|_| anyhow::anyhow!("bad key"))?);
+        let v = u64::from_be_bytes(v.try_into().map_err(|_| anyhow::anyhow!("bad value"))?);
+        map.insert(k, v);
+    }
+    Ok(map)
+}
+
+/// Creates the run's changelog with small segments, so that compaction runs during the run
+/// (and during restores) as it does in production.
+async fn create_changelog(topic: &str) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact")
+        .set("segment.bytes", "4194304")
+        .set("min.cleanable.dirty.ratio", "0.2");
+    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
+        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+async fn torture(mode: &str, seed: u64) -> Result<()> {
+    let kills: usize = match std::env::var(KILLS_ENV) {
+        Ok(n) => n.parse().context(KILLS_ENV)?,
+        Err(_) => 17,
+    };
+    let topic = unique_topic(&format!("torture-{}", mode.replace(':', "")));
+    create_changelog(&topic).await?;
+    let dir = tempfile::tempdir()?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut model = Model {
+        confirmed: BTreeMap::new(),
+    };
+    let mut tally = Tally::default();
+    let mut failures = Vec::new();
+    let started = Instant::now();
+    for generation in 0..kills {
+        let base = (generation as u64 + 1) * GENERATION;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "--exact",
+                "torture_child_writes_until_killed",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(DIR_ENV, dir.path())
+            .env(TOPIC_ENV, &topic)
+            .env(MODE_ENV, mode)
+            .env(BASE_ENV, base.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        // Anywhere from the child's start (opening, restoring) to well into its writes.
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
+        let exited = child.try_wait()?;
+        if exited.is_none() {
+            child.kill()?; // SIGKILL
+        }
+        let output = child.wait_with_output()?;
+        tally.kills += 1;
+        match output.status.code() {
+            None => {}
+            Some(POISONED_EXIT) => tally.poisoned_children += 1,
+            Some(code) => bail!(
+                "generation {generation}: the child exited by itself ({code}): {}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        }
+        // Requests the killed child had in flight may still be appended; let them land.
+        std::thread::sleep(Duration::from_millis(300));
+
+        let acked = acked_since(&dir.path().join("acked"), base)?;
+        let acked_len = acked.map_or(0, |s| s - base + 1);
+        let recorder = Arc::new(common::Recorder::default());
+        let hooks = OpenHooks {
+            listener: Some(recorder.clone()),
+            record_check: None,
+        };
+        let store = LoggedStore::open_with(
+            dir.path().join("store"),
+            &RocksDbOptions::default(),
+            common::changelog(&topic)?.durability(Durability::Async),
+            hooks,
+        )?;
+        let report = store.restore_report().clone();
+        tally.replayed_records += report.records;
+        if let Some(reason) = &report.start.rebuild_reason {
+            tally.unexpected_rebuilds += 1;
+            failures.push(format!("generation {generation}: rebuilt: {reason}"));
+        }
+        let held = read_store(&store)?;
+        match model.check(base, acked_len, &held) {
+            Ok(len) => {
+                tally.killed_before_first_ack += usize::from(acked.is_none());
+                tally.mutations_kept += len;
+            }
+            Err(why) => {
+                tally.bad_states += 1;
+                failures.push(format!("generation {generation}: {why}"));
+            }
+        }
+        store.close()?;
+        drop(store);
+        if rng.random_ratio(1, 20) {
+            std::fs::remove_dir_all(dir.path().join("store"))?;
+            tally.directory_deletes += 1;
+        }
+    }
+    println!(
+        "torture {mode}: {tally:?} in {:.0?} (topic {topic})",
+        started.elapsed()
+    );
+    ensure!(
+        failures.is_empty(),
+        "torture {mode}: {} failures: {failures:#?}",
+        failures.len()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn torture_sync() -> Result<()> {
+    torture("sync", 1).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn torture_async() -> Result<()> {
+    torture("async", 2).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn torture_group() -> Result<()> {
+    torture("group:10ms", 3).await
+}
