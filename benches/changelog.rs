@@ -88,9 +88,11 @@ fn commit_cost(c: &mut Criterion) {
 /// the topic's first record only) in `stale`. Returns the topic.
 fn prepare_restore(servers: &str, stale: &Path) -> String {
     let topic = kstate_test_broker::unique_topic("bench-restore");
-    let config = || ChangelogConfig::new(servers, &topic, 0)
+    let config = || {
+        ChangelogConfig::new(servers, &topic, 0)
             .partitions(1)
-            .durability(Durability::Async);
+            .durability(Durability::Async)
+    };
     let first = LoggedStore::open(stale, &options(), config()).expect("open stale");
     first.put(&key(0), &VALUE).expect("put");
     first.close().expect("close stale");

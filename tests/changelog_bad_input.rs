@@ -98,7 +98,8 @@ async fn a_topic_with_too_few_replicas_or_too_small_records_is_refused() -> Resu
     )
     .unwrap_err();
     assert!(
-        matches!(err, ChangelogError::TopicSettings { .. }) && err.to_string().contains("max.message.bytes"),
+        matches!(err, ChangelogError::TopicSettings { .. })
+            && err.to_string().contains("max.message.bytes"),
         "{err}"
     );
 
@@ -125,7 +126,8 @@ fn a_missing_topic_is_created_only_with_an_explicit_partition_count() -> Result<
     let config = ChangelogConfig::new(bootstrap_servers()?, &topic, 2);
     let err = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config).unwrap_err();
     assert!(
-        matches!(err, ChangelogError::InvalidConfig { .. }) && err.to_string().contains("partitions"),
+        matches!(err, ChangelogError::InvalidConfig { .. })
+            && err.to_string().contains("partitions"),
         "{err}"
     );
     Ok(())
@@ -240,7 +242,10 @@ fn a_failed_send_poisons_the_store_and_never_reaches_rocksdb() -> Result<()> {
         store.get(b"acknowledged"),
         Err(Error::Poisoned { .. })
     ));
-    assert!(matches!(store.all().map(|_| ()), Err(Error::Poisoned { .. })));
+    assert!(matches!(
+        store.all().map(|_| ()),
+        Err(Error::Poisoned { .. })
+    ));
     let closed = store.close();
     assert!(matches!(closed, Err(Error::Poisoned { .. })), "{closed:?}");
     let again = store.close();
@@ -258,6 +263,61 @@ fn a_failed_send_poisons_the_store_and_never_reaches_rocksdb() -> Result<()> {
         "an unacknowledged write reached RocksDB"
     );
     assert_eq!(raw.get(b"later")?, None);
+    Ok(())
+}
+
+/// In `async` and `group` mode a put returns before its record is acknowledged, so a failed
+/// delivery surfaces later: the commit (the caller's or the timer's) and every later call report
+/// the poison, and RocksDB never gets the lost writes.
+#[test]
+fn a_failed_delivery_poisons_async_and_group_stores_too() -> Result<()> {
+    for mode in [
+        Durability::Async,
+        Durability::Group(Duration::from_millis(20)),
+    ] {
+        let broker = PrivateBroker::start()?;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("store");
+        let config =
+            ChangelogConfig::new(broker.bootstrap_servers(), unique_topic("poison-later"), 0)
+                .partitions(1)
+                .durability(mode)
+                .delivery_timeout(Duration::from_secs(3));
+        let store = LoggedStore::open(&path, &RocksDbOptions::default(), config)?;
+        store.put(b"acknowledged", b"1")?;
+        store.commit()?;
+        broker.kill()?;
+        store.put(b"lost", b"2")?; // queued: the failure comes later
+        let committed = store.commit();
+        assert!(
+            matches!(committed, Err(Error::Poisoned { .. })),
+            "{mode}: the commit reports the failed delivery: {committed:?}"
+        );
+        let read = store.get(b"acknowledged");
+        assert!(
+            matches!(read, Err(Error::Poisoned { .. })),
+            "{mode}: {read:?}"
+        );
+        let write = store.put(b"later", b"3");
+        assert!(
+            matches!(write, Err(Error::Poisoned { .. })),
+            "{mode}: {write:?}"
+        );
+        let _ = store.close();
+        drop(store);
+        let raw = RocksDbStore::open(&path, &RocksDbOptions::default())?;
+        assert_eq!(
+            raw.get(b"acknowledged")?.as_deref(),
+            Some(&b"1"[..]),
+            "{mode}"
+        );
+        assert_eq!(
+            raw.get(b"lost")?,
+            None,
+            "{mode}: an unacknowledged write reached RocksDB"
+        );
+        raw.close()?;
+    }
     Ok(())
 }
 

@@ -84,3 +84,31 @@ fn unacknowledged_counts_sends_until_the_broker_acknowledges_them() -> Result<()
     store.close()?;
     Ok(())
 }
+
+/// In `group` mode nobody calls `commit`: the store's timer does, and the stored position
+/// follows the writes.
+#[test]
+fn the_group_timer_commits_without_being_asked() -> Result<()> {
+    let topic = unique_topic("group-timer");
+    let dir = tempfile::tempdir()?;
+    let config = common::changelog(&topic)?
+        .durability(Durability::Group(std::time::Duration::from_millis(20)));
+    let store = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config)?;
+    for i in 0..100u8 {
+        store.put(&[i], b"timed")?; // offsets 0..=99
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let offset = store.committed_position()?.map(|p| p.offset);
+        if offset == Some(99) {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the group timer never committed offset 99 (stored: {offset:?})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    store.close()?;
+    Ok(())
+}

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -13,41 +15,8 @@ use kstate::kstate_core::{Error, KeyValueStore};
 use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
 use kstate::kstate_rocksdb::RocksDbOptions;
 use kstate_test_broker::{PrivateBroker, unique_topic};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 const BURST: u32 = 10_000;
-
-/// The changelog folded from the beginning to its end.
-fn fold(servers: &str, topic: &str) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .set("group.id", "kstate-idle-check")
-        .set("isolation.level", "read_committed")
-        .create()?;
-    let (_, high) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(20))?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning)?;
-    consumer.assign(&tpl)?;
-    let mut folded = BTreeMap::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while high > 0 {
-        ensure!(std::time::Instant::now() < deadline, "reading {topic} timed out");
-        let position = consumer.position()?.find_partition(topic, 0).map(|p| p.offset());
-        if matches!(position, Some(Offset::Offset(p)) if p >= high) {
-            break;
-        }
-        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-            let m = m?;
-            let key = m.key().unwrap_or_default().to_vec();
-            match m.payload() {
-                Some(v) => folded.insert(key, v.to_vec()),
-                None => folded.remove(&key),
-            };
-        }
-    }
-    Ok(folded)
-}
 
 #[test]
 fn a_burst_after_the_producer_id_expired_is_kept_or_refused_never_lost() -> Result<()> {
@@ -91,8 +60,9 @@ fn a_burst_after_the_producer_id_expired_is_kept_or_refused_never_lost() -> Resu
 
     let store = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config())?;
     let held: BTreeMap<Vec<u8>, Vec<u8>> = store.all()?.collect::<Result<_, _>>()?;
+    let end = common::high_watermark_at(&servers, &topic, 0)?;
     ensure!(
-        held == fold(&servers, &topic)?,
+        held == common::fold_changelog_at(&servers, &topic, 0, end)?,
         "the reopened store differs from its changelog"
     );
     if committed.is_ok() {

@@ -44,7 +44,8 @@ fn reopen(path: &Path, topic: &str) -> Result<(LoggedStore, RestoreReport)> {
 fn finish(store: LoggedStore) -> bool {
     let committed = store.commit();
     let closed = store.close();
-    matches!(committed, Err(Error::Poisoned { .. })) || matches!(closed, Err(Error::Poisoned { .. }))
+    matches!(committed, Err(Error::Poisoned { .. }))
+        || matches!(closed, Err(Error::Poisoned { .. }))
 }
 
 /// After the reopen, the store holds exactly the changelog folded up to the restore's end.
@@ -73,8 +74,7 @@ fn assert_equals_fold(path: &Path, topic: &str, who: &str) -> Result<()> {
 }
 
 #[test]
-fn two_stores_writing_one_partition_alternately_poison_and_reopen_to_the_changelog() -> Result<()>
-{
+fn two_stores_writing_one_partition_alternately_poison_and_reopen_to_the_changelog() -> Result<()> {
     let topic = unique_topic("two-writers");
     let dir = tempfile::tempdir()?;
     let (path_a, path_b) = (dir.path().join("a"), dir.path().join("b"));

@@ -295,26 +295,19 @@ fn open_with_timeout(
     path: &std::path::Path,
     topic: &str,
     timeout: Duration,
-) -> Result<LoggedStore, kstate::kstate_kafka::ChangelogError> {
-    LoggedStore::open(
-        path,
-        &RocksDbOptions::default(),
-        common::changelog(topic)
-            .map_err(|e| kstate::kstate_kafka::ChangelogError::InvalidConfig {
-                topic: topic.to_string(),
-                message: e.to_string(),
-            })?
-            .durability(Durability::Async)
-            .open_timeout(timeout),
-    )
+) -> Result<LoggedStore> {
+    let config = common::changelog(topic)?
+        .durability(Durability::Async)
+        .open_timeout(timeout);
+    Ok(LoggedStore::open(path, &RocksDbOptions::default(), config)?)
 }
 
 /// While a transaction is open, the last stable offset stops short of the log's end: a restore
 /// must neither end there nor take the stored offset for one "beyond the end". It waits, and
 /// fails clearly when the transaction stays open past the open timeout.
 #[test]
-fn an_open_transaction_on_the_changelog_fails_the_open_and_then_waits_for_its_commit()
--> Result<()> {
+fn an_open_transaction_on_the_changelog_fails_the_open_and_then_waits_for_its_commit() -> Result<()>
+{
     let topic = unique_topic("open-txn");
     let dir = tempfile::tempdir()?;
     let (store, _) = open(dir.path(), &topic)?;
@@ -348,9 +341,15 @@ fn an_open_transaction_on_the_changelog_fails_the_open_and_then_waits_for_its_co
     committer.join().unwrap()?;
     let report = store.restore_report().clone();
     assert!(report.start.rebuild_reason.is_none(), "{:?}", report.start);
-    assert_eq!(report.start.start_offset, 10, "resumed after the stored offset");
+    assert_eq!(
+        report.start.start_offset, 10,
+        "resumed after the stored offset"
+    );
     let held = common::contents(&store)?;
-    assert_eq!(held, common::fold_changelog(&topic, 0, report.start.end_offset)?);
+    assert_eq!(
+        held,
+        common::fold_changelog(&topic, 0, report.start.end_offset)?
+    );
     assert!(held.contains_key(&b"in-transaction"[..]));
     store.close()?;
     Ok(())
@@ -382,7 +381,10 @@ fn a_store_written_past_an_open_transaction_is_never_wiped() -> Result<()> {
     let report = store.restore_report().clone();
     assert!(report.start.rebuild_reason.is_none(), "{:?}", report.start);
     let held = common::contents(&store)?;
-    assert_eq!(held, common::fold_changelog(&topic, 0, report.start.end_offset)?);
+    assert_eq!(
+        held,
+        common::fold_changelog(&topic, 0, report.start.end_offset)?
+    );
     assert_eq!(held.len(), 20, "every key the store wrote");
     store.close()?;
     Ok(())
@@ -421,7 +423,11 @@ fn restore_batches_are_bounded_in_bytes() -> Result<()> {
             .restore_batch_bytes(LIMIT);
         let store = LoggedStore::open_with(&path, &RocksDbOptions::default(), config, hooks)?;
         let batches = recorder.batches.lock().unwrap().clone();
-        assert!(batches.len() >= 7, "bulk={bulk}: 8 MB came in {} batches", batches.len());
+        assert!(
+            batches.len() >= 7,
+            "bulk={bulk}: 8 MB came in {} batches",
+            batches.len()
+        );
         for batch in &batches {
             assert!(
                 batch.bytes <= LIMIT + VALUE + 100,

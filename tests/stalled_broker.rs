@@ -63,9 +63,15 @@ fn a_get_answers_while_writers_wait_on_a_stalled_broker() -> Result<()> {
             break;
         }
         last = now;
-        ensure!(Instant::now() < deadline, "the writer never blocked ({now} puts)");
+        ensure!(
+            Instant::now() < deadline,
+            "the writer never blocked ({now} puts)"
+        );
     }
-    ensure!(!writer_done.load(Ordering::Acquire), "the writer stopped instead of blocking");
+    ensure!(
+        !writer_done.load(Ordering::Acquire),
+        "the writer stopped instead of blocking"
+    );
 
     let started = Instant::now();
     let committed = store.get(b"committed")?;
@@ -83,10 +89,25 @@ fn a_get_answers_while_writers_wait_on_a_stalled_broker() -> Result<()> {
         "the reads returned only after the writer was released ({waited:?})"
     );
 
+    // Sent, and not acknowledged while the broker stands still.
+    let waiting = store.unacknowledged();
+    assert!(
+        waiting > 0,
+        "sends to a stalled broker count as unacknowledged"
+    );
+
     broker.resume()?;
     let outcome = writer.join().unwrap();
-    ensure!(outcome.is_ok(), "the writer failed after the broker resumed: {outcome:?}");
+    ensure!(
+        outcome.is_ok(),
+        "the writer failed after the broker resumed: {outcome:?}"
+    );
     store.commit()?;
+    assert_eq!(
+        store.unacknowledged(),
+        0,
+        "all acknowledged after the commit"
+    );
     store.close()?;
     Ok(())
 }

@@ -6,7 +6,8 @@
 //! value `s` or, for every seventh, a delete. A child (this test binary run again with
 //! `KSTATE_TORTURE_DIR` set) issues mutations `base, base + 1, ...` and appends a sequence number
 //! to `acked` once everything up to it is acknowledged: after each put in `sync` mode, after each
-//! `commit` (every 100 mutations) in `async` and `group` mode. So the check needs no guessing:
+//! `commit` (every 100 mutations) in `async` and `group` mode; in `group` mode with 64 KiB
+//! memtables, so that RocksDB's own atomic flushes are killed too. So the check needs no guessing:
 //! after a kill, the parent reopens the store and looks for a prefix length `L` of the history
 //! such that the store equals the fold of the first `L` mutations, with `L` covering the last
 //! acknowledged one. No such `L` means a lost acknowledged write or a phantom one.
@@ -66,9 +67,15 @@ fn torture_child_writes_until_killed() -> Result<()> {
     };
     let mode = parse_mode(&mode)?;
     let dir = Path::new(&dir);
+    // In group mode, memtables of 64 KiB: RocksDB flushes (atomically, both column families)
+    // every couple of thousand writes on its own, so kills land during its flushes too.
+    let options = match mode {
+        Durability::Group(_) => RocksDbOptions::default().write_buffer_size(64 << 10),
+        _ => RocksDbOptions::default(),
+    };
     let store = LoggedStore::open(
         dir.join("store"),
-        &RocksDbOptions::default(),
+        &options,
         common::changelog(&topic)?.durability(mode),
     )?;
     let mut acked = std::fs::OpenOptions::new()

@@ -70,13 +70,25 @@ pub fn fold_changelog(
     partition: i32,
     end: i64,
 ) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
+    fold_changelog_at(
+        &kstate_test_broker::bootstrap_servers()?,
+        topic,
+        partition,
+        end,
+    )
+}
+
+/// [`fold_changelog`] on the brokers at `servers`.
+pub fn fold_changelog_at(
+    servers: &str,
+    topic: &str,
+    partition: i32,
+    end: i64,
+) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Message, Offset, TopicPartitionList};
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set(
-            "bootstrap.servers",
-            kstate_test_broker::bootstrap_servers()?,
-        )
+        .set("bootstrap.servers", servers)
         .set("group.id", "kstate-test-fold")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
@@ -119,12 +131,14 @@ pub fn fold_changelog(
 
 /// The high watermark of `topic`/`partition` (read_uncommitted: the real end of the log).
 pub fn high_watermark(topic: &str, partition: i32) -> anyhow::Result<i64> {
+    high_watermark_at(&kstate_test_broker::bootstrap_servers()?, topic, partition)
+}
+
+/// [`high_watermark`] on the brokers at `servers`.
+pub fn high_watermark_at(servers: &str, topic: &str, partition: i32) -> anyhow::Result<i64> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set(
-            "bootstrap.servers",
-            kstate_test_broker::bootstrap_servers()?,
-        )
+        .set("bootstrap.servers", servers)
         .set("isolation.level", "read_uncommitted")
         .create()?;
     Ok(consumer

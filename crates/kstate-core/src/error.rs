@@ -153,7 +153,10 @@ impl fmt::Display for PoisonReason {
                 write!(f, "acknowledgements out of order: {message}")
             }
             PoisonReason::LocalWriteFailed { message } => {
-                write!(f, "acknowledged writes could not be applied locally: {message}")
+                write!(
+                    f,
+                    "acknowledged writes could not be applied locally: {message}"
+                )
             }
         }
     }

@@ -230,7 +230,8 @@ fn verify_topic(
             actual: policy,
         });
     }
-    if let (Some(wanted), Some(actual)) = (config.min_insync_replicas, number("min.insync.replicas"))
+    if let (Some(wanted), Some(actual)) =
+        (config.min_insync_replicas, number("min.insync.replicas"))
         && actual < i64::from(wanted)
     {
         return Err(settings(format!(

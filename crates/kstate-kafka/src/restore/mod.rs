@@ -190,7 +190,12 @@ pub(crate) fn restore(
         end_offset: high,
         rebuild_reason,
     };
-    tracing::info!(start_offset, end_offset = high, low = watermarks.low, "restore starting");
+    tracing::info!(
+        start_offset,
+        end_offset = high,
+        low = watermarks.low,
+        "restore starting"
+    );
     if let Some(l) = listener {
         l.on_restore_start(&start);
     }

@@ -146,23 +146,21 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                 match consumer.poll(Duration::from_millis(100)) {
                     Some(Ok(message)) => {
                         let offset = message.offset();
-                        let bad = |problem: String, source: Option<BoxError>| {
-                            ChangelogError::BadRecord {
+                        let bad =
+                            |problem: String, source: Option<BoxError>| ChangelogError::BadRecord {
                                 topic: topic.to_string(),
                                 partition,
                                 offset,
                                 problem,
                                 source,
-                            }
-                        };
+                            };
                         let key = message
                             .key()
                             .ok_or_else(|| bad("the record has no key".into(), None))?;
                         let value = message.payload();
                         if let (Some(check), Some(value)) = (check, value) {
-                            check(key, value).map_err(|e| {
-                                bad("the record does not decode".into(), Some(e))
-                            })?;
+                            check(key, value)
+                                .map_err(|e| bad("the record does not decode".into(), Some(e)))?;
                         }
                         batch.push(key, value);
                         last_offset = offset;

@@ -162,7 +162,11 @@ pub(crate) fn decide(facts: &Facts<'_>) -> Result<Plan, ChangelogError> {
 }
 
 /// `refusal` unless the configuration opts in to rebuilding or reseeding.
-fn opt_in(facts: &Facts<'_>, refusal: ChangelogError, reason: String) -> Result<Plan, ChangelogError> {
+fn opt_in(
+    facts: &Facts<'_>,
+    refusal: ChangelogError,
+    reason: String,
+) -> Result<Plan, ChangelogError> {
     match facts.config.lost_changelog {
         LostChangelog::Refuse => Err(refusal),
         LostChangelog::Rebuild => Ok(Plan::FromStart { wipe: Some(reason) }),
@@ -237,7 +241,13 @@ mod tests {
     fn an_empty_changelog_under_a_position_is_refused_unless_opted_in() {
         let p = position("t", 6, Duration::ZERO);
         let refused = decide_for(LostChangelog::Refuse, Some(&p), true, (0, 0));
-        assert!(matches!(refused, Err(ChangelogError::ChangelogLost { stored_offset: 6, .. })));
+        assert!(matches!(
+            refused,
+            Err(ChangelogError::ChangelogLost {
+                stored_offset: 6,
+                ..
+            })
+        ));
         let rebuilt = decide_for(LostChangelog::Rebuild, Some(&p), true, (0, 0)).unwrap();
         assert!(matches!(rebuilt, Plan::FromStart { wipe: Some(_) }));
         let reseeded = decide_for(LostChangelog::Reseed, Some(&p), true, (0, 0)).unwrap();
@@ -256,7 +266,10 @@ mod tests {
     fn another_topic_is_refused_and_reseed_needs_an_empty_partition() {
         let p = position("other", 3, Duration::ZERO);
         let refused = decide_for(LostChangelog::Refuse, Some(&p), true, (0, 10));
-        assert!(matches!(refused, Err(ChangelogError::PositionMismatch { .. })));
+        assert!(matches!(
+            refused,
+            Err(ChangelogError::PositionMismatch { .. })
+        ));
         let reseed = decide_for(LostChangelog::Reseed, Some(&p), true, (0, 10));
         assert!(matches!(reseed, Err(ChangelogError::InvalidConfig { .. })));
     }
@@ -273,22 +286,33 @@ mod tests {
             delete_retention: None,
         };
         let p = position("t", 3, Duration::ZERO);
-        assert!(matches!(decide(&facts(&p)), Err(ChangelogError::ChangelogLost { .. })));
+        assert!(matches!(
+            decide(&facts(&p)),
+            Err(ChangelogError::ChangelogLost { .. })
+        ));
         let other = position("other", 3, Duration::ZERO);
-        assert!(matches!(decide(&facts(&other)), Err(ChangelogError::PositionMismatch { .. })));
+        assert!(matches!(
+            decide(&facts(&other)),
+            Err(ChangelogError::PositionMismatch { .. })
+        ));
     }
 
     #[test]
     fn data_without_a_position_is_not_wiped() {
         let refused = decide_for(LostChangelog::Refuse, None, true, (0, 10));
-        assert!(matches!(refused, Err(ChangelogError::NotAChangelogStore { .. })));
+        assert!(matches!(
+            refused,
+            Err(ChangelogError::NotAChangelogStore { .. })
+        ));
     }
 
     #[test]
     fn an_old_position_rebuilds_only_when_records_follow_it() {
         let old = position("t", 6, Duration::from_secs(7200));
         let plan = decide_for(LostChangelog::Refuse, Some(&old), true, (0, 10)).unwrap();
-        assert!(matches!(plan, Plan::FromStart { wipe: Some(r) } if r.contains("delete.retention.ms")));
+        assert!(
+            matches!(plan, Plan::FromStart { wipe: Some(r) } if r.contains("delete.retention.ms"))
+        );
         let at_end = decide_for(LostChangelog::Refuse, Some(&old), true, (0, 7)).unwrap();
         assert_eq!(at_end, Plan::Resume { from: 7 });
     }

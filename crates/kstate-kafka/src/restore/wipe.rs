@@ -83,10 +83,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let store = dir.path().join("store");
         std::fs::create_dir(&store).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(store.join("CURRENT"), b"MANIFEST-000001\n").unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(store.join("thesis.tex"), b"years of work").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(store.join("CURRENT"), b"MANIFEST-000001\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(store.join("thesis.tex"), b"years of work")
+            .unwrap_or_else(|e| panic!("{e}"));
         let err = wipe(&store).unwrap_err();
-        assert!(matches!(err, ChangelogError::NotAStoreDirectory { .. }), "{err}");
+        assert!(
+            matches!(err, ChangelogError::NotAStoreDirectory { .. }),
+            "{err}"
+        );
         assert!(store.join("thesis.tex").exists());
     }
 
@@ -95,7 +100,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let store = dir.path().join("store");
         std::fs::create_dir(&store).unwrap_or_else(|e| panic!("{e}"));
-        for name in ["CURRENT", "MANIFEST-000005", "000007.sst", "OPTIONS-000009", "LOG"] {
+        for name in [
+            "CURRENT",
+            "MANIFEST-000005",
+            "000007.sst",
+            "OPTIONS-000009",
+            "LOG",
+        ] {
             std::fs::write(store.join(name), b"x").unwrap_or_else(|e| panic!("{e}"));
         }
         wipe(&store).unwrap_or_else(|e| panic!("{e}"));
