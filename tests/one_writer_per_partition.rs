@@ -7,11 +7,10 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 use kstate::kstate_core::{Error, KeyValueStore};
-use kstate::kstate_kafka::{Durability, LoggedStore, OpenHooks, RestoreReport};
+use kstate::kstate_kafka::{Durability, LoggedStore, RestoreReport};
 use kstate::kstate_rocksdb::RocksDbOptions;
 use kstate_test_broker::unique_topic;
 
@@ -25,19 +24,10 @@ fn open(path: &Path, topic: &str, mode: Durability) -> Result<LoggedStore> {
 
 /// Reopens the store at `path` and returns it with its restore report.
 fn reopen(path: &Path, topic: &str) -> Result<(LoggedStore, RestoreReport)> {
-    let recorder = Arc::new(common::Recorder::default());
-    let hooks = OpenHooks {
-        listener: Some(recorder.clone()),
-        record_check: None,
-    };
-    let store = LoggedStore::open_with(
+    common::open_reporting(
         path,
-        &RocksDbOptions::default(),
         common::changelog(topic)?.durability(Durability::Async),
-        hooks,
-    )?;
-    let report = recorder.ends.lock().unwrap()[0].clone();
-    Ok((store, report))
+    )
 }
 
 /// Commits and closes, reporting whether the store had been poisoned.

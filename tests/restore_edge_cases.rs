@@ -21,29 +21,10 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 
 fn open(path: &std::path::Path, topic: &str) -> Result<(LoggedStore, RestoreReport)> {
-    let recorder = Arc::new(common::Recorder::default());
-    let hooks = OpenHooks {
-        listener: Some(recorder.clone()),
-        record_check: None,
-    };
-    let store = LoggedStore::open_with(
+    common::open_reporting(
         path,
-        &RocksDbOptions::default(),
         common::changelog(topic)?.durability(Durability::Async),
-        hooks,
-    )?;
-    let report = recorder
-        .ends
-        .lock()
-        .unwrap()
-        .first()
-        .cloned()
-        .context("no restore end event")?;
-    ensure!(
-        &report == store.restore_report(),
-        "the listener and the report disagree"
-    );
-    Ok((store, report))
+    )
 }
 
 fn contents(store: &LoggedStore) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {

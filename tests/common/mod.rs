@@ -152,3 +152,37 @@ pub fn contents(
 ) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
     Ok(store.all()?.collect::<Result<_, _>>()?)
 }
+
+/// Opens the logged store at `path` with a [`Recorder`] listening, and returns it with the
+/// restore's report (checked to agree with the store's own).
+pub fn open_reporting(
+    path: &std::path::Path,
+    config: ChangelogConfig,
+) -> anyhow::Result<(
+    kstate::kstate_kafka::LoggedStore,
+    kstate::kstate_kafka::RestoreReport,
+)> {
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let hooks = kstate::kstate_kafka::OpenHooks {
+        listener: Some(recorder.clone()),
+        record_check: None,
+    };
+    let store = kstate::kstate_kafka::LoggedStore::open_with(
+        path,
+        &kstate::kstate_rocksdb::RocksDbOptions::default(),
+        config,
+        hooks,
+    )?;
+    let report = recorder
+        .ends
+        .lock()
+        .unwrap()
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no restore end event"))?;
+    anyhow::ensure!(
+        &report == store.restore_report(),
+        "the listener and the report disagree"
+    );
+    Ok((store, report))
+}

@@ -29,11 +29,22 @@ pub(crate) struct TopicFacts {
     pub(crate) delete_retention: Option<Duration>,
 }
 
+/// A client for metadata and watermark queries: `read_uncommitted`, so that its watermark query
+/// answers with the real high watermark (see [`crate::restore`]'s `end` module).
+pub(crate) fn metadata_client(config: &ChangelogConfig) -> Result<BaseConsumer, ChangelogError> {
+    config
+        .client_config()
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|source| kafka(config, "create metadata client", source))
+}
+
 /// Makes sure the changelog topic exists (creating it when `create` allows), is compacted and
-/// has the configured partition count and settings. `Ok(None)`: it is missing and was not
-/// created.
+/// has the configured partition count and settings, asking through `probe` (a
+/// [`metadata_client`]). `Ok(None)`: it is missing and was not created.
 pub(crate) fn ensure_topic(
     config: &ChangelogConfig,
+    probe: &BaseConsumer,
     create: bool,
 ) -> Result<Option<TopicFacts>, ChangelogError> {
     let outside = match config.partitions {
@@ -50,10 +61,6 @@ pub(crate) fn ensure_topic(
             ),
         });
     }
-    let probe: BaseConsumer = config
-        .client_config()
-        .create()
-        .map_err(|source| kafka(config, "create metadata client", source))?;
     let metadata = probe
         .fetch_metadata(Some(&config.topic), config.open_timeout)
         .map_err(|source| ChangelogError::BrokerUnreachable {
@@ -70,7 +77,7 @@ pub(crate) fn ensure_topic(
         }
         create_topic(config)?;
     }
-    verify_topic(config, &probe).map(Some)
+    verify_topic(config, probe).map(Some)
 }
 
 fn kafka(config: &ChangelogConfig, operation: &'static str, source: KafkaError) -> ChangelogError {

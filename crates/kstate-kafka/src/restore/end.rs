@@ -32,9 +32,11 @@ impl Watermarks {
 }
 
 /// The partition's watermarks once no open transaction holds its stable offset below its end.
-/// `committed` is the restore's `read_committed` consumer.
+/// `uncommitted` is a [`metadata_client`](crate::topic::metadata_client) (`read_uncommitted`),
+/// `committed` the restore's `read_committed` consumer.
 pub(crate) fn capture_end(
     config: &ChangelogConfig,
+    uncommitted: &BaseConsumer,
     committed: &BaseConsumer,
 ) -> Result<Watermarks, ChangelogError> {
     let (topic, partition) = (config.topic.as_str(), config.partition);
@@ -44,16 +46,6 @@ pub(crate) fn capture_end(
         timeout: config.open_timeout,
         source,
     };
-    let uncommitted: BaseConsumer = config
-        .client_config()
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .map_err(|source| ChangelogError::Kafka {
-            topic: topic.to_string(),
-            partition,
-            operation: "create watermark client",
-            source,
-        })?;
     let started = Instant::now();
     let mut logged = false;
     loop {

@@ -33,7 +33,7 @@ use rdkafka::consumer::BaseConsumer;
 use crate::config::{ChangelogConfig, LostChangelog};
 use crate::error::ChangelogError;
 use crate::position::ChangelogPosition;
-use crate::topic::{TopicFacts, ensure_topic};
+use crate::topic::{TopicFacts, ensure_topic, metadata_client};
 
 /// The restore consumer's fetch settings, measured on 1,000,000-record restores (BENCHMARKS.md).
 /// Once the local queue is full, librdkafka postpones the next fetch by `fetch.queue.backoff.ms`
@@ -137,17 +137,19 @@ pub(crate) fn restore(
     let (topic, partition) = (config.topic.as_str(), config.partition);
     let span = tracing::info_span!("restore", topic, partition);
     let _entered = span.enter();
-    let started = Instant::now();
 
     let mut store = RocksDbStore::open(path, options)?;
     let position = ChangelogPosition::read(&store)?;
 
     // A store that holds a position never recreates its missing changelog on its own.
     let create = position.is_none() || config.lost_changelog != LostChangelog::Refuse;
-    let topic_facts = ensure_topic(config, create)?;
+    let probe = metadata_client(config)?;
+    let topic_facts = ensure_topic(config, &probe, create)?;
+    // The restore's own time starts here: the topic check is the open's.
+    let started = Instant::now();
     let consumer = restore_consumer(config)?;
     let watermarks = match topic_facts {
-        Some(_) => Some(end::capture_end(config, &consumer)?),
+        Some(_) => Some(end::capture_end(config, &probe, &consumer)?),
         None => None,
     };
 
