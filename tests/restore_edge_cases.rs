@@ -1,5 +1,6 @@
 //! Restore at the changelog's awkward edges: an empty topic, transaction markers and an aborted
-//! transaction, records deleted below the stored offset, a topic deleted and recreated.
+//! transaction, records deleted below the stored offset, a topic deleted and recreated, open
+//! transactions, large values.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
@@ -200,7 +201,7 @@ async fn records_deleted_below_the_stored_offset_force_a_rebuild() -> Result<()>
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_recreated_topic_forces_a_rebuild() -> Result<()> {
+async fn a_recreated_topic_written_again_is_refused_then_rebuilt_by_choice() -> Result<()> {
     let topic = unique_topic("recreated");
     let dir = tempfile::tempdir()?;
     let (store, _) = open(dir.path(), &topic)?;
@@ -234,7 +235,27 @@ async fn a_recreated_topic_forces_a_rebuild() -> Result<()> {
         (0..10).map(|i| (format!("new-{i}"), format!("v{i}"))),
     )?;
 
-    let (store, report) = open(dir.path(), &topic)?;
+    // The local store may be the only copy of its 100 keys: refused, nothing wiped.
+    let refused = open(dir.path(), &topic);
+    let err = refused
+        .err()
+        .context("opened a store its changelog lost records of")?;
+    assert!(
+        err.to_string().contains("before the stored offset"),
+        "{err}"
+    );
+    let raw = kstate::kstate_rocksdb::RocksDbStore::open(dir.path(), &RocksDbOptions::default())?;
+    assert_eq!(raw.all()?.count(), 100, "the local copy is kept");
+    raw.close()?;
+    drop(raw);
+
+    // Rebuilding is an explicit choice.
+    let (store, report) = common::open_reporting(
+        dir.path(),
+        common::changelog(&topic)?
+            .durability(Durability::Async)
+            .lost_changelog(kstate::kstate_kafka::LostChangelog::Rebuild),
+    )?;
     let reason = report
         .start
         .rebuild_reason

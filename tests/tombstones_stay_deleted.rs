@@ -32,8 +32,13 @@ const DIR_ENV: &str = "KSTATE_TOMBSTONE_DIR";
 const TOPIC_ENV: &str = "KSTATE_TOMBSTONE_TOPIC";
 const DELETED: &[u8] = b"deleted-key";
 
+/// The flush timer every 100 ms (its default would be a quarter of the topic's one-second
+/// `delete.retention.ms`): well inside the retention, so the reopen below resumes from a fresh
+/// position instead of rebuilding for age, and the test shows the timer, not the age rule.
 fn config(topic: &str) -> Result<kstate::kstate_kafka::ChangelogConfig> {
-    Ok(common::changelog(topic)?.durability(Durability::Group(Duration::from_millis(10))))
+    Ok(common::changelog(topic)?
+        .durability(Durability::Group(Duration::from_millis(10)))
+        .flush_interval(Duration::from_millis(100)))
 }
 
 /// The child's part: does nothing unless run by the parent below.
@@ -144,11 +149,64 @@ async fn a_compacted_tombstone_does_not_bring_its_key_back_after_sigkill() -> Re
         config(&topic)?,
     )?;
     let value = store.get(DELETED)?;
-    println!("restore after the kill: {:?}", store.restore_report().start);
+    let start = store.restore_report().start.clone();
+    println!("restore after the kill: {start:?}");
     assert_eq!(
         value, None,
         "the deleted key came back after its tombstone was compacted away"
     );
+    assert!(
+        start.rebuild_reason.is_none(),
+        "resumed from a position the flush timer kept fresh: {start:?}"
+    );
+    store.close()?;
+    Ok(())
+}
+
+/// The other half: a store whose durable position is older than `delete.retention.ms`, with
+/// records after it, is rebuilt rather than resumed (a tombstone among them may be gone).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_position_older_than_delete_retention_is_rebuilt() -> Result<()> {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let topic = unique_topic("old-position");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact")
+        .set("delete.retention.ms", "1000");
+    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
+        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
+    }
+    let dir = tempfile::tempdir()?;
+    let store = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config(&topic)?)?;
+    store.put(b"kept", b"1")?;
+    store.close()?;
+    drop(store);
+    // Records after the stored position, written while the store was away.
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    producer
+        .send(
+            BaseRecord::to(&topic)
+                .partition(0)
+                .key("later")
+                .payload("2"),
+        )
+        .map_err(|(e, _)| e)?;
+    producer.flush(Duration::from_secs(20))?;
+    tokio::time::sleep(Duration::from_secs(2)).await; // past delete.retention.ms
+
+    let store = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config(&topic)?)?;
+    let reason = store.restore_report().start.rebuild_reason.clone();
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("delete.retention.ms")),
+        "{reason:?}"
+    );
+    assert_eq!(common::contents(&store)?.len(), 2);
     store.close()?;
     Ok(())
 }

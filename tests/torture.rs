@@ -204,6 +204,24 @@ impl Model {
     }
 }
 
+/// Waits until the high watermark of `topic`/0 has not moved for 500 ms.
+fn wait_for_quiet_log(topic: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = common::high_watermark(topic, 0)?;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = common::high_watermark(topic, 0)?;
+        if now == last {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{topic} kept growing after the kill"
+        );
+        last = now;
+    }
+}
+
 fn read_store(store: &LoggedStore) -> Result<BTreeMap<u64, u64>> {
     let mut map = BTreeMap::new();
     for entry in store.all()? {
@@ -279,8 +297,9 @@ async fn torture(mode: &str, seed: u64) -> Result<()> {
                 String::from_utf8_lossy(&output.stderr)
             ),
         }
-        // Requests the killed child had in flight may still be appended; let them land.
-        std::thread::sleep(Duration::from_millis(300));
+        // Requests the killed child had in flight may still be appended: wait until the log's
+        // end has stood still for half a second.
+        wait_for_quiet_log(&topic)?;
 
         let acked = acked_since(&dir.path().join("acked"), base)?;
         let acked_len = acked.map_or(0, |s| s - base + 1);

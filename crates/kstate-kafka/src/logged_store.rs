@@ -416,11 +416,12 @@ impl Shared {
         if full {
             self.commit()?;
         }
-        if *lock(&self.mode) == Durability::Sync {
-            self.producer
-                .tracker
-                .wait_for(my_seq, self.ack_timeout())
-                .map_err(|reason| self.poisoned(reason))?;
+        if *lock(&self.mode) == Durability::Sync
+            && let Err(reason) = self.producer.tracker.wait_for(my_seq, self.ack_timeout())
+        {
+            // A record stuck past the timeout: nothing after it may be trusted either.
+            self.producer.tracker.poison(reason.clone());
+            return Err(self.poisoned(reason));
         }
         Ok(())
     }
@@ -492,6 +493,7 @@ impl Shared {
     /// of the last one: [`LostChangelog::Reseed`](crate::LostChangelog::Reseed).
     fn reseed(&self, end: i64) -> Result<(), ChangelogError> {
         let _send = lock(&self.send);
+        crate::position::mark_reseeding(&self.store)?;
         let mut seq = 0;
         for entry in self.store.all()? {
             let (key, value) = entry?;
@@ -524,7 +526,7 @@ impl Shared {
             offset,
             written_at: Some(SystemTime::now()),
         };
-        position.write_with(&self.store, std::iter::empty())?;
+        position.write_finishing_reseed(&self.store)?;
         self.store.flush()?;
         tracing::info!(store = %self.name, records = seq, offset, "reseeded the changelog");
         Ok(())
@@ -551,7 +553,9 @@ impl Shared {
             }
             let group = matches!(*mode, Durability::Group(_));
             let flush_due = Instant::now() >= next_flush;
-            if group || flush_due {
+            // A poisoned store commits nothing more; its callers hear why.
+            let poisoned = self.producer.tracker.poisoned().is_some();
+            if (group || flush_due) && !poisoned {
                 drop(mode);
                 let done = if flush_due {
                     next_flush = Instant::now() + self.flush_interval;

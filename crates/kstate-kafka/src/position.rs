@@ -22,6 +22,8 @@ const TOPIC_KEY: &[u8] = b"kstate.changelog.topic";
 const PARTITION_KEY: &[u8] = b"kstate.changelog.partition";
 const OFFSET_KEY: &[u8] = b"kstate.changelog.offset";
 const WRITTEN_AT_KEY: &[u8] = b"kstate.changelog.written_at_ms";
+/// Present while a reseed (writing the local contents into the changelog) is under way.
+const RESEEDING_KEY: &[u8] = b"kstate.changelog.reseeding";
 
 /// The metadata format this crate writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -36,11 +38,13 @@ pub struct ChangelogPosition {
     /// The offset of the last record the store holds (-1: none, the changelog starts at 0).
     pub offset: i64,
     /// A time from which on every tombstone after `offset` is still in the changelog for at least
-    /// the topic's `delete.retention.ms`: a commit stores when it froze its overlay (every later
-    /// record was written after it), a restore when it read the batch's first record (records
-    /// still uncompacted then keep their tombstones at least that long). Restore rebuilds
-    /// rather than resumes a position older than that. `None` in stores written by kstate
-    /// versions that did not keep it.
+    /// the topic's `delete.retention.ms`. A commit stores when it froze its overlay (every later
+    /// record was written after it). A restore into an empty store stores when it started (every
+    /// record it holds was still uncompacted then, so no tombstone of its keys had been cleaned
+    /// yet); a restore onto a stale store keeps the older of that and the stale position's time,
+    /// since it also holds what was applied back then. Restore rebuilds rather than resumes a
+    /// position older than `delete.retention.ms`. `None` in stores written by kstate versions
+    /// that did not keep it.
     pub written_at: Option<SystemTime>,
 }
 
@@ -72,6 +76,18 @@ impl ChangelogPosition {
             .map(|(k, v)| (*k, Some(v.as_slice())))
             .collect();
         store.write_with_metadata(data, &meta)
+    }
+
+    /// Writes this position and clears the reseed mark, in one atomic batch: the reseed that
+    /// ends at this position is complete.
+    pub(crate) fn write_finishing_reseed(&self, store: &RocksDbStore) -> kstate_core::Result<()> {
+        let encoded = self.encode();
+        let mut meta: Vec<(&[u8], Option<&[u8]>)> = encoded
+            .iter()
+            .map(|(k, v)| (*k, Some(v.as_slice())))
+            .collect();
+        meta.push((RESEEDING_KEY, None));
+        store.write_with_metadata(std::iter::empty(), &meta)
     }
 
     /// How long ago `written_at` was, if known (zero if it lies in the future).
@@ -125,4 +141,17 @@ impl ChangelogPosition {
             },
         }))
     }
+}
+
+/// Marks `store` as being reseeded, durably (flushed), before the first record is sent: a crash
+/// in the middle then finishes the reseed on the next open instead of mistaking the partial
+/// changelog for one that lost records.
+pub(crate) fn mark_reseeding(store: &RocksDbStore) -> kstate_core::Result<()> {
+    store.write_with_metadata(std::iter::empty(), &[(RESEEDING_KEY, Some(&b"1"[..]))])?;
+    store.flush()
+}
+
+/// Whether a reseed of `store` began and did not finish.
+pub(crate) fn is_reseeding(store: &RocksDbStore) -> kstate_core::Result<bool> {
+    Ok(store.metadata(RESEEDING_KEY)?.is_some())
 }

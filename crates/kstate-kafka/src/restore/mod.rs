@@ -24,7 +24,7 @@ mod wipe;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use kstate_core::{BoxError, KeyValueStore};
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
@@ -160,6 +160,7 @@ pub(crate) fn restore(
         has_data: store.all()?.next().is_some(),
         watermarks,
         delete_retention: topic_facts.as_ref().and_then(|f| f.delete_retention),
+        reseed_pending: crate::position::is_reseeding(&store)?,
     })?;
     // The plan refuses a missing topic, so both are known from here on.
     let (Some(topic_facts), Some(watermarks)) = (topic_facts, watermarks) else {
@@ -202,8 +203,16 @@ pub(crate) fn restore(
         l.on_restore_start(&start);
     }
 
+    // What the replayed positions may claim (see ChangelogPosition::written_at): into an empty
+    // store, every record is read from now on; onto a stale one, the store also holds records
+    // applied when its old position was written.
+    let since = match (&position, bulk) {
+        (Some(p), false) => p.written_at.map(|t| t.min(SystemTime::now())),
+        _ => Some(SystemTime::now()),
+    };
     let (records, batches) = if start_offset < high {
         replay::replay(replay::Replay {
+            since,
             path,
             store: &store,
             consumer: &consumer,

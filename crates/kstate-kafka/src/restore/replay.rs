@@ -41,6 +41,8 @@ pub(crate) struct Replay<'a> {
     pub(crate) consumer: &'a BaseConsumer,
     pub(crate) config: &'a ChangelogConfig,
     pub(crate) start_offset: i64,
+    /// The `written_at` of every position the replay stores.
+    pub(crate) since: Option<SystemTime>,
     /// The end captured before the replay: it stops here.
     pub(crate) high: i64,
     /// The store is empty: take the bulk path.
@@ -58,6 +60,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
         consumer,
         config,
         start_offset,
+        since,
         high,
         bulk,
         listener,
@@ -76,7 +79,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
             topic: topic.to_string(),
             partition,
             offset: start_offset - 1,
-            written_at: Some(SystemTime::now()),
+            written_at: since,
         };
         before_start.write_with(store, std::iter::empty())?;
         store.flush()?;
@@ -102,6 +105,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
         partition,
         high,
         bulk,
+        since,
         listener,
         scratch: Vec::new(),
         records: 0,
@@ -250,6 +254,8 @@ struct ChunkWriter<'a> {
     high: i64,
     /// Ingest sorted SST files (an empty store) instead of write batches in changelog order.
     bulk: bool,
+    /// The `written_at` of the positions it stores.
+    since: Option<SystemTime>,
     listener: Option<&'a dyn RestoreListener>,
     /// The buffer bulk chunks are sorted into.
     scratch: Vec<u8>,
@@ -263,13 +269,11 @@ impl ChunkWriter<'_> {
             return Ok(());
         }
         let (n, bytes) = (chunk.records.len(), chunk.bytes.len());
-        // Nothing after this chunk was read before the chunk's first record, so no tombstone
-        // after it can have been compacted away earlier than delete.retention.ms from then.
         let position = ChangelogPosition {
             topic: self.topic.to_string(),
             partition: self.partition,
             offset: last_offset,
-            written_at: chunk.started,
+            written_at: self.since,
         };
         if self.bulk {
             // Sorted, newest record of each key only, as one SST file; then the position.
@@ -321,8 +325,6 @@ fn consumer_position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Op
 struct Chunk {
     bytes: Vec<u8>,
     records: Vec<ChunkRecord>,
-    /// When its first record was read.
-    started: Option<SystemTime>,
 }
 
 #[derive(Clone, Copy)]
@@ -337,9 +339,6 @@ struct ChunkRecord {
 
 impl Chunk {
     fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
-        if self.records.is_empty() {
-            self.started = Some(SystemTime::now());
-        }
         let start = self.bytes.len();
         self.bytes.extend_from_slice(key);
         if let Some(value) = value {
@@ -404,7 +403,6 @@ impl Chunk {
     fn clear(&mut self) {
         self.bytes.clear();
         self.records.clear();
-        self.started = None;
     }
 }
 

@@ -9,14 +9,18 @@
 //! | a position of another topic/partition | anything | refuse ([`LostChangelog`] opts in) |
 //! | a position | missing (not created) | refuse: lost |
 //! | a position | no record, and the position is not at its end | refuse: lost ([`LostChangelog`] opts in) |
-//! | a position at or past the end | has records | rebuild: recreated and written again |
+//! | a position at or past the end | has records | refuse: recreated or truncated ([`LostChangelog`] opts in) |
 //! | a position below the low watermark - 1 | has records | rebuild: truncated past it |
 //! | a position older than `delete.retention.ms` | records after it | rebuild: tombstones may be gone |
 //! | a position | otherwise | resume right after it |
 //!
+//! | an unfinished reseed | anything | reseed again from the current end |
+//!
 //! A refusal changes nothing: when the changelog cannot continue a store, the store may be the
-//! only copy of the state left (a deleted topic, a typo, the wrong cluster). Rebuilds that the
-//! rules choose on their own are the cases where the changelog is known to hold the newer truth.
+//! only copy of the state left (a deleted topic, a typo, the wrong cluster, a truncated log).
+//! Rebuilds that the rules choose on their own are the cases where the changelog is known to hold
+//! the newer truth: records deleted on purpose below the log start (`compact,delete` topics), or
+//! tombstones that may be gone.
 
 use std::path::Path;
 use std::time::Duration;
@@ -58,6 +62,8 @@ pub(crate) struct Facts<'a> {
     pub(crate) watermarks: Option<Watermarks>,
     /// The topic's `delete.retention.ms`.
     pub(crate) delete_retention: Option<Duration>,
+    /// A reseed of this store began and did not finish.
+    pub(crate) reseed_pending: bool,
 }
 
 /// Decides the plan, or refuses with the error that says why and what to do.
@@ -69,8 +75,16 @@ pub(crate) fn decide(facts: &Facts<'_>) -> Result<Plan, ChangelogError> {
         has_data,
         watermarks,
         delete_retention,
+        reseed_pending: _,
     } = *facts;
     let (topic, partition) = (config.topic.as_str(), config.partition);
+    if facts.reseed_pending {
+        // A reseed was interrupted: the partition holds a prefix of the local contents. Sending
+        // them all again (compaction keeps the newest of each key) finishes it.
+        return Ok(Plan::Reseed {
+            reason: "an earlier reseed of this store did not finish".into(),
+        });
+    }
     let Some(p) = position else {
         if !has_data {
             return Ok(Plan::FromStart { wipe: None });
@@ -129,13 +143,23 @@ pub(crate) fn decide(facts: &Facts<'_>) -> Result<Plan, ChangelogError> {
         );
     }
     if p.offset >= high {
-        return Ok(Plan::FromStart {
-            wipe: Some(format!(
-                "the stored offset {} is at or beyond the high watermark {high}: was the topic \
-                 deleted and recreated?",
-                p.offset
-            )),
-        });
+        // Recreated and written again, or truncated by the broker (an unclean leader election):
+        // either way the local store holds records the changelog no longer has.
+        let found = format!(
+            "ends at offset {high}, before the stored offset (was the topic deleted and \
+             recreated, or truncated by the broker?)"
+        );
+        return opt_in(
+            facts,
+            ChangelogError::ChangelogLost {
+                path: path.to_path_buf(),
+                topic: topic.to_string(),
+                partition,
+                stored_offset: p.offset,
+                found: found.clone(),
+            },
+            format!("the changelog {found}"),
+        );
     }
     if p.offset + 1 < low {
         return Ok(Plan::FromStart {
@@ -221,6 +245,7 @@ mod tests {
             has_data,
             watermarks: Some(Watermarks { low, high }),
             delete_retention: Some(Duration::from_secs(3600)),
+            reseed_pending: false,
         })
     }
 
@@ -284,6 +309,7 @@ mod tests {
             has_data: true,
             watermarks: None,
             delete_retention: None,
+            reseed_pending: false,
         };
         let p = position("t", 3, Duration::ZERO);
         assert!(matches!(
@@ -295,6 +321,22 @@ mod tests {
             decide(&facts(&other)),
             Err(ChangelogError::PositionMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn an_unfinished_reseed_is_finished_whatever_the_changelog_holds() {
+        let config = config(LostChangelog::Refuse);
+        let p = position("t", 40, Duration::ZERO);
+        let plan = decide(&Facts {
+            path: Path::new("/stores/t-0"),
+            config: &config,
+            position: Some(&p),
+            has_data: true,
+            watermarks: Some(Watermarks { low: 0, high: 7 }),
+            delete_retention: None,
+            reseed_pending: true,
+        });
+        assert!(matches!(plan, Ok(Plan::Reseed { .. })), "{plan:?}");
     }
 
     #[test]
@@ -318,11 +360,16 @@ mod tests {
     }
 
     #[test]
-    fn truncated_and_recreated_logs_rebuild() {
+    fn a_truncated_log_rebuilds_and_a_recreated_one_is_refused() {
         let p = position("t", 6, Duration::ZERO);
         let truncated = decide_for(LostChangelog::Refuse, Some(&p), true, (20, 30)).unwrap();
         assert!(matches!(truncated, Plan::FromStart { wipe: Some(r) } if r.contains("deleted")));
-        let recreated = decide_for(LostChangelog::Refuse, Some(&p), true, (0, 3)).unwrap();
-        assert!(matches!(recreated, Plan::FromStart { wipe: Some(r) } if r.contains("recreated")));
+        let recreated = decide_for(LostChangelog::Refuse, Some(&p), true, (0, 3));
+        assert!(matches!(
+            recreated,
+            Err(ChangelogError::ChangelogLost { .. })
+        ));
+        let rebuilt = decide_for(LostChangelog::Rebuild, Some(&p), true, (0, 3)).unwrap();
+        assert!(matches!(rebuilt, Plan::FromStart { wipe: Some(r) } if r.contains("recreated")));
     }
 }
