@@ -79,17 +79,8 @@ async fn a_topic_that_is_not_compacted_is_refused() -> Result<()> {
 /// replicas, and room for every record the store accepts.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_topic_with_too_few_replicas_or_too_small_records_is_refused() -> Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers()?)
-        .create()?;
     let small = unique_topic("small-records");
-    let new = NewTopic::new(&small, 1, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact")
-        .set("max.message.bytes", "100000");
-    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
+    common::create_compacted_topic(&small, &[("max.message.bytes", "100000")]).await?;
     let dir = tempfile::tempdir()?;
     let err = LoggedStore::open(
         dir.path().join("small"),

@@ -23,8 +23,6 @@ use kstate::kstate_kafka::{Durability, LoggedStore};
 use kstate::kstate_rocksdb::RocksDbOptions;
 use kstate_test_broker::{bootstrap_servers, unique_topic};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
@@ -99,18 +97,16 @@ async fn a_compacted_tombstone_does_not_bring_its_key_back_after_sigkill() -> Re
     let topic = unique_topic("tombstone");
     // Compaction as eager as the broker allows: segments roll every 100 ms of writes, any dirty
     // data is worth cleaning, and tombstones live one second once cleaned.
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers()?)
-        .create()?;
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact")
-        .set("delete.retention.ms", "1000")
-        .set("segment.ms", "100")
-        .set("min.cleanable.dirty.ratio", "0.01")
-        .set("min.compaction.lag.ms", "0");
-    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
+    common::create_compacted_topic(
+        &topic,
+        &[
+            ("delete.retention.ms", "1000"),
+            ("segment.ms", "100"),
+            ("min.cleanable.dirty.ratio", "0.01"),
+            ("min.compaction.lag.ms", "0"),
+        ],
+    )
+    .await?;
 
     let dir = tempfile::tempdir()?;
     let mut child = Command::new(std::env::current_exe()?)
@@ -169,15 +165,7 @@ async fn a_compacted_tombstone_does_not_bring_its_key_back_after_sigkill() -> Re
 async fn a_position_older_than_delete_retention_is_rebuilt() -> Result<()> {
     use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
     let topic = unique_topic("old-position");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers()?)
-        .create()?;
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact")
-        .set("delete.retention.ms", "1000");
-    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
+    common::create_compacted_topic(&topic, &[("delete.retention.ms", "1000")]).await?;
     let dir = tempfile::tempdir()?;
     let store = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config(&topic)?)?;
     store.put(b"kept", b"1")?;

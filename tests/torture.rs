@@ -30,7 +30,7 @@ use anyhow::{Context, Result, bail, ensure};
 use kstate::kstate_core::{Error, KeyValueStore};
 use kstate::kstate_kafka::{Durability, LoggedStore, OpenHooks};
 use kstate::kstate_rocksdb::RocksDbOptions;
-use kstate_test_broker::{bootstrap_servers, unique_topic};
+use kstate_test_broker::unique_topic;
 use rand::{Rng, SeedableRng};
 
 const DIR_ENV: &str = "KSTATE_TORTURE_DIR";
@@ -233,30 +233,22 @@ fn read_store(store: &LoggedStore) -> Result<BTreeMap<u64, u64>> {
     Ok(map)
 }
 
-/// Creates the run's changelog with small segments, so that compaction runs during the run
-/// (and during restores) as it does in production.
-async fn create_changelog(topic: &str) -> Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers()?)
-        .create()?;
-    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact")
-        .set("segment.bytes", "4194304")
-        .set("min.cleanable.dirty.ratio", "0.2");
-    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
-    Ok(())
-}
-
 async fn torture(mode: &str, seed: u64) -> Result<()> {
     let kills: usize = match std::env::var(KILLS_ENV) {
         Ok(n) => n.parse().context(KILLS_ENV)?,
         Err(_) => 17,
     };
     let topic = unique_topic(&format!("torture-{}", mode.replace(':', "")));
-    create_changelog(&topic).await?;
+    // Small segments, so that compaction runs during the run (and during restores) as it does
+    // in production.
+    common::create_compacted_topic(
+        &topic,
+        &[
+            ("segment.bytes", "4194304"),
+            ("min.cleanable.dirty.ratio", "0.2"),
+        ],
+    )
+    .await?;
     let dir = tempfile::tempdir()?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut model = Model {

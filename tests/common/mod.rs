@@ -42,6 +42,27 @@ pub async fn create_topic(
     Ok(())
 }
 
+/// Creates `topic` on the test broker: one partition, compacted, with `settings` on top (e.g. a
+/// short `delete.retention.ms` for tests that need compaction to act quickly).
+pub async fn create_compacted_topic(topic: &str, settings: &[(&str, &str)]) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set(
+            "bootstrap.servers",
+            kstate_test_broker::bootstrap_servers()?,
+        )
+        .create()?;
+    let mut new =
+        NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    for (key, value) in settings {
+        new = new.set(key, value);
+    }
+    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
+        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Records every restore event.
 #[derive(Default)]
 pub struct Recorder {

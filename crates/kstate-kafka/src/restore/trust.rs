@@ -237,15 +237,32 @@ mod tests {
         has_data: bool,
         (low, high): (i64, i64),
     ) -> Result<Plan, ChangelogError> {
+        decide_with(
+            choice,
+            position,
+            has_data,
+            Some(Watermarks { low, high }),
+            false,
+        )
+    }
+
+    /// [`decide`]; `watermarks` `None`: the topic is missing.
+    fn decide_with(
+        choice: LostChangelog,
+        position: Option<&ChangelogPosition>,
+        has_data: bool,
+        watermarks: Option<Watermarks>,
+        reseed_pending: bool,
+    ) -> Result<Plan, ChangelogError> {
         let config = config(choice);
         decide(&Facts {
             path: Path::new("/stores/t-0"),
             config: &config,
             position,
             has_data,
-            watermarks: Some(Watermarks { low, high }),
+            watermarks,
             delete_retention: Some(Duration::from_secs(3600)),
-            reseed_pending: false,
+            reseed_pending,
         })
     }
 
@@ -301,41 +318,22 @@ mod tests {
 
     #[test]
     fn a_missing_topic_under_a_position_is_refused_and_a_mismatch_named_first() {
-        let config = config(LostChangelog::Refuse);
-        let facts = |p| Facts {
-            path: Path::new("/stores/t-0"),
-            config: &config,
-            position: Some(p),
-            has_data: true,
-            watermarks: None,
-            delete_retention: None,
-            reseed_pending: false,
-        };
         let p = position("t", 3, Duration::ZERO);
-        assert!(matches!(
-            decide(&facts(&p)),
-            Err(ChangelogError::ChangelogLost { .. })
-        ));
+        let lost = decide_with(LostChangelog::Refuse, Some(&p), true, None, false);
+        assert!(matches!(lost, Err(ChangelogError::ChangelogLost { .. })));
         let other = position("other", 3, Duration::ZERO);
+        let mismatch = decide_with(LostChangelog::Refuse, Some(&other), true, None, false);
         assert!(matches!(
-            decide(&facts(&other)),
+            mismatch,
             Err(ChangelogError::PositionMismatch { .. })
         ));
     }
 
     #[test]
     fn an_unfinished_reseed_is_finished_whatever_the_changelog_holds() {
-        let config = config(LostChangelog::Refuse);
         let p = position("t", 40, Duration::ZERO);
-        let plan = decide(&Facts {
-            path: Path::new("/stores/t-0"),
-            config: &config,
-            position: Some(&p),
-            has_data: true,
-            watermarks: Some(Watermarks { low: 0, high: 7 }),
-            delete_retention: None,
-            reseed_pending: true,
-        });
+        let watermarks = Some(Watermarks { low: 0, high: 7 });
+        let plan = decide_with(LostChangelog::Refuse, Some(&p), true, watermarks, true);
         assert!(matches!(plan, Ok(Plan::Reseed { .. })), "{plan:?}");
     }
 
