@@ -7,25 +7,17 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{Durability, LoggedStore, LostChangelog};
 use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 use kstate_test_broker::{bootstrap_servers, unique_topic};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 const KEYS: u32 = 50;
-
-fn admin() -> Result<AdminClient<DefaultClientContext>> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers()?)
-        .create()?)
-}
 
 /// A store at `path` holding `KEYS` keys, committed and closed, on changelog `topic`.
 fn written_store(path: &Path, topic: &str) -> Result<()> {
@@ -49,44 +41,6 @@ fn local_keys(path: &Path) -> Result<usize> {
     Ok(n)
 }
 
-/// Deletes `topic` and waits until the broker no longer lists it.
-async fn delete_topic(topic: &str) -> Result<()> {
-    admin()?
-        .delete_topics(&[topic], &AdminOptions::new())
-        .await?;
-    let probe: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers()?)
-        .create()?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let metadata = probe.fetch_metadata(None, Duration::from_secs(10))?;
-        if !metadata.topics().iter().any(|t| t.name() == topic) {
-            return Ok(());
-        }
-        ensure!(Instant::now() < deadline, "{topic} was not deleted");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Creates `topic` again, compacted and empty, once the deletion has completed.
-async fn recreate_topic(topic: &str) -> Result<()> {
-    let admin = admin()?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let new =
-            NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
-        let created = admin.create_topics(&[new], &AdminOptions::new()).await?;
-        if created.iter().all(Result::is_ok) {
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "could not recreate {topic}: {created:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 fn reopen(path: &Path, topic: &str) -> Result<LoggedStore> {
     let config = common::changelog(topic)?
         .durability(Durability::Async)
@@ -99,7 +53,7 @@ async fn a_deleted_changelog_is_neither_recreated_nor_the_store_wiped() -> Resul
     let topic = unique_topic("deleted-topic");
     let dir = tempfile::tempdir()?;
     written_store(dir.path(), &topic)?;
-    delete_topic(&topic).await?;
+    common::delete_topic(&topic).await?;
 
     let err = match reopen(dir.path(), &topic) {
         Ok(store) => anyhow::bail!(
@@ -130,8 +84,8 @@ async fn an_empty_recreated_changelog_does_not_wipe_the_store() -> Result<()> {
     let topic = unique_topic("emptied-topic");
     let dir = tempfile::tempdir()?;
     written_store(dir.path(), &topic)?;
-    delete_topic(&topic).await?;
-    recreate_topic(&topic).await?;
+    common::delete_topic(&topic).await?;
+    common::recreate_topic(&topic).await?;
 
     let err = match reopen(dir.path(), &topic) {
         Ok(store) => anyhow::bail!(
@@ -183,7 +137,7 @@ async fn reseed_writes_the_local_store_into_a_new_changelog() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("store");
     written_store(&path, &topic)?;
-    delete_topic(&topic).await?;
+    common::delete_topic(&topic).await?;
 
     let store = reopen_choosing(&path, &topic, LostChangelog::Reseed)?;
     let held = common::contents(&store)?;
@@ -214,7 +168,7 @@ async fn rebuild_on_a_lost_changelog_is_an_explicit_choice() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("store");
     written_store(&path, &topic)?;
-    delete_topic(&topic).await?;
+    common::delete_topic(&topic).await?;
 
     let store = reopen_choosing(&path, &topic, LostChangelog::Rebuild)?;
     let reason = store.restore_report().start.rebuild_reason.clone();

@@ -15,9 +15,8 @@ use kstate::kstate_kafka::{Durability, LoggedStore, OpenHooks, RestoreReport};
 use kstate::kstate_rocksdb::RocksDbOptions;
 use kstate_test_broker::{bootstrap_servers, unique_topic};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -209,27 +208,8 @@ async fn a_recreated_topic_written_again_is_refused_then_rebuilt_by_choice() -> 
     store.close()?;
     drop(store); // releases the directory lock
 
-    let admin = admin()?;
-    admin.delete_topics(&[&topic], &AdminOptions::new()).await?;
-    let probe: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers()?)
-        .create()?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        // Deletion completes in the background; creation fails until it has.
-        let new =
-            NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
-        let created = admin.create_topics(&[new], &AdminOptions::new()).await?;
-        if created.iter().all(Result::is_ok) {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "could not recreate {topic}: {created:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    drop(probe);
+    common::delete_topic(&topic).await?;
+    common::recreate_topic(&topic).await?;
     produce(
         &topic,
         (0..10).map(|i| (format!("new-{i}"), format!("v{i}"))),

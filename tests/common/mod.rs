@@ -63,6 +63,46 @@ pub async fn create_compacted_topic(topic: &str, settings: &[(&str, &str)]) -> a
     Ok(())
 }
 
+/// Deletes `topic` and waits until the broker no longer lists it.
+pub async fn delete_topic(topic: &str) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &servers)
+        .create()?;
+    admin.delete_topics(&[topic], &AdminOptions::new()).await?;
+    let probe: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &servers)
+        .create()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let metadata = probe.fetch_metadata(None, Duration::from_secs(10))?;
+        if !metadata.topics().iter().any(|t| t.name() == topic) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{topic} was not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Creates `topic` again, compacted and empty, retrying until its deletion has completed.
+pub async fn recreate_topic(topic: &str) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match create_compacted_topic(topic, &[]).await {
+            Ok(()) => return Ok(()),
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(e.context(format!("could not recreate {topic}")));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// Records every restore event.
 #[derive(Default)]
 pub struct Recorder {

@@ -347,14 +347,15 @@ impl Shared {
             return Err(self.too_large(key, value.as_deref()));
         }
         let mutations = batch.into_mutations();
-        self.apply(
-            mutations.iter().map(|(k, v)| (k.as_slice(), v.as_deref())),
-            |overlay| {
-                for (key, value) in mutations.iter() {
-                    overlay.insert(key.clone(), value.clone());
-                }
-            },
-        )
+        let send = self.begin_send()?;
+        for (key, value) in &mutations {
+            self.send_next(key, value.as_deref())?;
+        }
+        self.finish_write(send, |overlay| {
+            for (key, value) in mutations {
+                overlay.insert(key, value);
+            }
+        })
     }
 
     /// One put or delete: [`write`](Self::write) without building a batch.
@@ -363,7 +364,9 @@ impl Shared {
         if self.oversized(key, value) {
             return Err(self.too_large(key, value));
         }
-        self.apply(std::iter::once((key, value)), |overlay| {
+        let send = self.begin_send()?;
+        self.send_next(key, value)?;
+        self.finish_write(send, |overlay| {
             overlay.insert(key.to_vec(), value.map(<[u8]>::to_vec));
         })
     }
@@ -385,34 +388,42 @@ impl Shared {
         }
     }
 
-    /// Sends `records` in order, then `record`s them in the overlay; commits if the overlay is
-    /// full, and waits for the acknowledgement in `sync` mode.
-    fn apply<'m>(
+    /// Takes the send lock for a write. Checks again under it that the store is open: `close`
+    /// sets it under this lock, so no write can slip in after the final commit and be dropped
+    /// with the producer.
+    fn begin_send(&self) -> Result<MutexGuard<'_, ()>> {
+        let send = lock(&self.send);
+        self.check_open()?;
+        Ok(send)
+    }
+
+    /// Sends one record with the next sequence number; the caller holds the send lock. A full
+    /// producer queue waits here, holding only that lock.
+    fn send_next(&self, key: &[u8], value: Option<&[u8]>) -> Result<u64> {
+        let seq = self.sent_seq.load(Ordering::Acquire) + 1;
+        self.producer
+            .send(seq, key, value, self.config.delivery_timeout)
+            .map_err(|reason| self.poisoned(reason))?;
+        self.sent_seq.store(seq, Ordering::Release);
+        Ok(seq)
+    }
+
+    /// Ends a write whose records were sent under `send`: `record`s them in the overlay (all at
+    /// once, so readers never see part of a batch), commits if the overlay is full, and waits
+    /// for the acknowledgement in `sync` mode.
+    fn finish_write(
         &self,
-        records: impl Iterator<Item = (&'m [u8], Option<&'m [u8]>)>,
+        send: MutexGuard<'_, ()>,
         record: impl FnOnce(&mut Overlay),
     ) -> Result<()> {
-        let (my_seq, full) = {
-            let _send = lock(&self.send);
-            // Checked again under the send lock: `close` sets it under this lock, so no write
-            // can slip in after the final commit and be dropped with the producer.
-            self.check_open()?;
-            let mut seq = self.sent_seq.load(Ordering::Acquire);
-            for (key, value) in records {
-                // A full producer queue waits here, holding only the send lock.
-                let sent = self
-                    .producer
-                    .send(seq + 1, key, value, self.config.delivery_timeout);
-                sent.map_err(|reason| self.poisoned(reason))?;
-                seq += 1;
-                self.sent_seq.store(seq, Ordering::Release);
-            }
+        let my_seq = self.sent_seq.load(Ordering::Acquire);
+        let full = {
             let mut state = write(&self.state);
             record(&mut state.active);
-            let full = state.active.bytes >= self.config.overlay_max_bytes
-                || state.active.len() >= self.config.overlay_max_records;
-            (seq, full)
+            state.active.bytes >= self.config.overlay_max_bytes
+                || state.active.len() >= self.config.overlay_max_records
         };
+        drop(send);
         if full {
             self.commit()?;
         }
@@ -494,31 +505,19 @@ impl Shared {
     fn reseed(&self, end: i64) -> Result<(), ChangelogError> {
         let _send = lock(&self.send);
         crate::position::mark_reseeding(&self.store)?;
-        let mut seq = 0;
+        let (mut records, mut last_seq) = (0u64, None);
         for entry in self.store.all()? {
             let (key, value) = entry?;
-            seq += 1;
-            self.producer
-                .send(seq, &key, Some(&value), self.config.delivery_timeout)
-                .map_err(|reason| self.poisoned(reason))?;
+            last_seq = Some(self.send_next(&key, Some(&value))?);
+            records += 1;
         }
-        self.sent_seq.store(seq, Ordering::Release);
-        let offset = if seq == 0 {
-            end - 1
-        } else {
-            let known = self
+        let offset = match last_seq {
+            None => end - 1,
+            Some(seq) => self
                 .producer
                 .tracker
-                .watch(seq)
-                .map_err(|reason| self.poisoned(reason))?;
-            match known {
-                Some(offset) => offset,
-                None => self
-                    .producer
-                    .tracker
-                    .wait_for_watched(self.ack_timeout())
-                    .map_err(|reason| self.poisoned(reason))?,
-            }
+                .offset_of(seq, self.ack_timeout())
+                .map_err(|reason| self.poisoned(reason))?,
         };
         let position = ChangelogPosition {
             topic: self.config.topic.clone(),
@@ -528,7 +527,7 @@ impl Shared {
         };
         position.write_finishing_reseed(&self.store)?;
         self.store.flush()?;
-        tracing::info!(store = %self.name, records = seq, offset, "reseeded the changelog");
+        tracing::info!(store = %self.name, records, offset, "reseeded the changelog");
         Ok(())
     }
 

@@ -142,6 +142,16 @@ impl AckTracker {
         Ok(None)
     }
 
+    /// The offset of record `seq`, the last one sent: [`watch`](Self::watch), then
+    /// [`wait_for_watched`](Self::wait_for_watched) if it is not acknowledged yet. Only for a
+    /// caller that may wait while holding off other sends.
+    pub(crate) fn offset_of(&self, seq: u64, timeout: Duration) -> Result<i64, PoisonReason> {
+        match self.watch(seq)? {
+            Some(offset) => Ok(offset),
+            None => self.wait_for_watched(timeout),
+        }
+    }
+
     pub(crate) fn wait_for_watched(&self, timeout: Duration) -> Result<i64, PoisonReason> {
         let deadline = Instant::now() + timeout;
         let mut acks = self.lock();

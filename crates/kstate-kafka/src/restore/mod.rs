@@ -162,15 +162,10 @@ pub(crate) fn restore(
         delete_retention: topic_facts.as_ref().and_then(|f| f.delete_retention),
         reseed_pending: crate::position::is_reseeding(&store)?,
     })?;
-    // The plan refuses a missing topic, so both are known from here on.
+    // The plan refuses a missing topic, except to finish a reseed, which needs the topic too.
     let (Some(topic_facts), Some(watermarks)) = (topic_facts, watermarks) else {
-        return Err(ChangelogError::ChangelogLost {
-            path: path.to_path_buf(),
-            topic: topic.to_string(),
-            partition,
-            stored_offset: position.map_or(-1, |p| p.offset),
-            found: "does not exist".into(),
-        });
+        let stored_offset = position.map_or(-1, |p| p.offset);
+        return Err(trust::topic_missing(path, config, stored_offset));
     };
     let high = watermarks.high;
     let (start_offset, rebuild_reason, bulk, reseed) = match plan {

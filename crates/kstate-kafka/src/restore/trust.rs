@@ -115,13 +115,7 @@ pub(crate) fn decide(facts: &Facts<'_>) -> Result<Plan, ChangelogError> {
         );
     }
     let Some(watermarks) = watermarks else {
-        return Err(ChangelogError::ChangelogLost {
-            path: path.to_path_buf(),
-            topic: topic.to_string(),
-            partition,
-            stored_offset: p.offset,
-            found: "does not exist".into(),
-        });
+        return Err(topic_missing(path, facts.config, p.offset));
     };
     let Watermarks { low, high } = watermarks;
     if watermarks.is_empty() && p.offset + 1 != high {
@@ -183,6 +177,22 @@ pub(crate) fn decide(facts: &Facts<'_>) -> Result<Plan, ChangelogError> {
         });
     }
     Ok(Plan::Resume { from: p.offset + 1 })
+}
+
+/// The refusal of a store whose changelog topic does not exist (and was not created, since the
+/// store holds a position).
+pub(crate) fn topic_missing(
+    path: &Path,
+    config: &ChangelogConfig,
+    stored_offset: i64,
+) -> ChangelogError {
+    ChangelogError::ChangelogLost {
+        path: path.to_path_buf(),
+        topic: config.topic.clone(),
+        partition: config.partition,
+        stored_offset,
+        found: "does not exist".into(),
+    }
 }
 
 /// `refusal` unless the configuration opts in to rebuilding or reseeding.
