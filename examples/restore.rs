@@ -90,6 +90,7 @@ fn main() -> Result<()> {
     let hooks = OpenHooks {
         listener: Some(std::sync::Arc::new(Progress::default())),
         record_check: None,
+        cancel: None,
     };
     let store = LoggedStore::open_with(
         dir.path().join("store"),

@@ -177,6 +177,7 @@ fn an_undecodable_changelog_value_names_topic_partition_and_offset() -> Result<(
     let hooks = OpenHooks {
         listener: None,
         record_check: Some(Arc::new(entry_check::<u64, String, _>(Bincode))),
+        cancel: None,
     };
     let err = LoggedStore::open_with(
         dir.path().join("b"),

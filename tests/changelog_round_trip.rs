@@ -89,6 +89,7 @@ fn a_deleted_directory_is_rebuilt_from_the_changelog_alone() -> Result<()> {
     let hooks = OpenHooks {
         listener: None,
         record_check: Some(Arc::new(entry_check::<u64, Account, _>(Bincode))),
+        cancel: None,
     };
     // Small bulk chunks, so overwrites and deletes fall in other chunks than the records they
     // replace: the newest must win across SST files.

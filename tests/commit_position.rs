@@ -38,6 +38,7 @@ fn a_reopen_resumes_right_after_the_committed_offset() -> Result<()> {
     let hooks = OpenHooks {
         listener: Some(recorder.clone()),
         record_check: None,
+        cancel: None,
     };
     let store = LoggedStore::open_with(dir.path(), &RocksDbOptions::default(), config, hooks)?;
     let report = store.restore_report();

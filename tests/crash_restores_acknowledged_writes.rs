@@ -117,6 +117,7 @@ fn sigkill_in_sync_mode_loses_no_acknowledged_write() -> Result<()> {
         let hooks = OpenHooks {
             listener: Some(recorder.clone()),
             record_check: None,
+            cancel: None,
         };
         let config = common::changelog(&topic)?.durability(Durability::Async);
         let store = LoggedStore::open_with(

@@ -399,6 +399,7 @@ fn restore_batches_are_bounded_in_bytes() -> Result<()> {
         let hooks = OpenHooks {
             listener: Some(recorder.clone()),
             record_check: None,
+            cancel: None,
         };
         let config = common::changelog(&topic)?
             .bulk_chunk_bytes(LIMIT)

@@ -299,6 +299,7 @@ async fn torture(mode: &str, seed: u64) -> Result<()> {
         let hooks = OpenHooks {
             listener: Some(recorder.clone()),
             record_check: None,
+            cancel: None,
         };
         let store = LoggedStore::open_with(
             dir.path().join("store"),

@@ -4,6 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 #![allow(dead_code)]
 
+pub mod streams;
+
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -227,6 +229,7 @@ pub fn open_reporting(
     let hooks = kstate::kstate_kafka::OpenHooks {
         listener: Some(recorder.clone()),
         record_check: None,
+        cancel: None,
     };
     let store = kstate::kstate_kafka::LoggedStore::open_with(
         path,

@@ -25,6 +25,23 @@ pub enum ChangelogError {
         source: rdkafka::error::KafkaError,
     },
 
+    /// An output record sent through a [`SharedProducer`](crate::SharedProducer) was not
+    /// delivered: the input that produced it must not be committed.
+    #[error("{message}")]
+    OutputFailed {
+        /// Which output, and the client's error.
+        message: String,
+    },
+
+    /// The restore was cancelled through its [`CancelToken`](crate::CancelToken).
+    #[error("restore of changelog {topic}/{partition} cancelled")]
+    Cancelled {
+        /// The changelog topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+    },
+
     /// The changelog topic exists with another partition count than configured.
     #[error(
         "changelog topic {topic} has {actual} partitions, but this store expects {expected}; refusing to write to what may be the wrong partition"

@@ -5,7 +5,10 @@
 //! - [`LoggedStore`]: a RocksDB store plus its changelog; the commit protocol keeps RocksDB a
 //!   prefix of the changelog and stores the matching offset inside RocksDB.
 //! - [`Durability`]: `async`, `group:<dur>`, `sync`, switchable at runtime.
-//! - restore on open, with a [`RestoreListener`], `tracing` spans and `metrics`.
+//! - restore on open, with a [`RestoreListener`], `tracing` spans and `metrics`; or as a step of
+//!   its own ([`RestoredStore`], cancellable through a [`CancelToken`]), then
+//!   [`LoggedStore::attach`]ed to a [`SharedProducer`] that many stores share (the task runtime);
+//!   or kept following the changelog ([`follow_changelog`], a standby).
 //! - topic management: the changelog topic is created compacted, and checked on every open.
 
 #![deny(unsafe_code)]
@@ -28,9 +31,10 @@ mod topic;
 pub use config::{ChangelogConfig, DEFAULT_LINGER, DEFAULT_MAX_RECORD_BYTES, LostChangelog};
 pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
 pub use error::ChangelogError;
-pub use logged_store::{LoggedStore, OpenHooks};
+pub use logged_store::LoggedStore;
 pub use position::{ChangelogPosition, FORMAT_VERSION};
+pub use producer::SharedProducer;
 pub use restore::{
-    BatchRestored, RESTORE_FETCH_SETTINGS, RecordCheck, RestoreListener, RestoreReport,
-    RestoreStart,
+    BatchRestored, CancelToken, OpenHooks, RESTORE_FETCH_SETTINGS, RecordCheck, RestoreListener,
+    RestoreReport, RestoreStart, RestoredStore, follow_changelog,
 };

@@ -48,8 +48,8 @@ use crate::durability::{Durability, ParseDurabilityError};
 use crate::error::ChangelogError;
 use crate::overlay::{Map, MergeScan, Overlay, overlay_range};
 use crate::position::ChangelogPosition;
-use crate::producer::ChangelogProducer;
-use crate::restore::{RecordCheck, RestoreListener, RestoreReport, restore};
+use crate::producer::{ChangelogProducer, SharedProducer};
+use crate::restore::{OpenHooks, RestoreReport, RestoredStore};
 
 /// Extra time, beyond the delivery timeout, a commit waits before declaring the changelog stuck.
 const ACK_SLACK: Duration = Duration::from_secs(30);
@@ -108,15 +108,6 @@ struct Shared {
     close_outcome: Mutex<Option<CloseOutcome>>,
 }
 
-/// Hooks for [`LoggedStore::open_with`].
-#[derive(Default, Clone)]
-pub struct OpenHooks {
-    /// Hears about the restore.
-    pub listener: Option<Arc<dyn RestoreListener>>,
-    /// Checks every replayed record (e.g. that the typed layer decodes it).
-    pub record_check: Option<RecordCheck>,
-}
-
 /// A [`KeyValueStore`] on RocksDB whose durability is a Kafka changelog.
 pub struct LoggedStore {
     shared: Arc<Shared>,
@@ -143,26 +134,45 @@ impl LoggedStore {
         Self::open_with(path, options, config, OpenHooks::default())
     }
 
-    /// [`open`](Self::open) with a restore listener and a record check.
+    /// [`open`](Self::open) with a restore listener, a record check and a cancel token.
     pub fn open_with(
         path: impl AsRef<Path>,
         options: &RocksDbOptions,
         config: ChangelogConfig,
         hooks: OpenHooks,
     ) -> Result<Self, ChangelogError> {
-        let path = path.as_ref();
         // The producer first: an idempotent producer cannot send until it has a producer id,
         // and librdkafka asks for one only when its 500 ms retry timer finds a broker connection
         // up. Created here, that wait overlaps the topic check and the restore instead of
         // stalling the first writes after open (measured: up to 0.5 s).
-        let producer = ChangelogProducer::new(&config)?;
-        let restored = restore(
+        let producer = SharedProducer::new(&config)?;
+        let restored = RestoredStore::restore(path, options, config, &hooks)?;
+        Self::start(restored, producer, true)
+    }
+
+    /// A restored store that sends through `producer` (shared with other stores, e.g. those of
+    /// a worker thread's tasks) and is driven from outside: no timer thread of its own, so its
+    /// owner [`commit`](Self::commit)s it (the task's commit interval; `group` mode commits
+    /// nothing by itself here) and [`flush`](KeyValueStore::flush)es it every
+    /// [`flush_interval`](Self::flush_interval).
+    pub fn attach(
+        restored: RestoredStore,
+        producer: &SharedProducer,
+    ) -> Result<Self, ChangelogError> {
+        Self::start(restored, producer.clone(), false)
+    }
+
+    fn start(
+        restored: RestoredStore,
+        producer: SharedProducer,
+        own_timer: bool,
+    ) -> Result<Self, ChangelogError> {
+        let RestoredStore {
             path,
-            options,
-            &config,
-            hooks.listener.as_deref(),
-            hooks.record_check.as_ref(),
-        )?;
+            config,
+            restored,
+        } = restored;
+        let producer = ChangelogProducer::new(producer, &config);
         // One writer per partition: this store's first record must land where the restore
         // ended, each next one right after it.
         producer
@@ -200,9 +210,9 @@ impl LoggedStore {
             tracing::warn!(store = %shared.name, %reason, "writing the local store into the empty changelog (LostChangelog::Reseed)");
             shared.reseed(restored.report.start.end_offset)?;
         }
-        let committer = {
+        let committer = if own_timer {
             let shared = shared.clone();
-            std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name("kstate-group-commit".into())
                 .spawn(move || shared.timer_loop())
                 .map_err(|e| {
@@ -211,13 +221,23 @@ impl LoggedStore {
                         "start commit thread",
                         e,
                     ))
-                })?
+                })?;
+            Some(thread)
+        } else {
+            None
         };
         Ok(LoggedStore {
             shared,
-            committer: Mutex::new(Some(committer)),
+            committer: Mutex::new(committer),
             restore: restored.report,
         })
+    }
+
+    /// How often the store's owner should [`flush`](KeyValueStore::flush) it (a store with its
+    /// own timer does it itself): often enough that a restart never has to rebuild because
+    /// compaction may have removed tombstones after its durable position.
+    pub fn flush_interval(&self) -> Duration {
+        self.shared.flush_interval
     }
 
     /// What the restore at open did.

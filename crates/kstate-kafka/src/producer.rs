@@ -1,5 +1,10 @@
 //! The changelog producer and its acknowledgement tracking: the one producer setup.
 //!
+//! One [`SharedProducer`] serves any number of stores (and, in the task runtime, the task's
+//! outputs): a process with 100 partitions × 3 stores runs one producer per worker thread, not
+//! 300. Each record carries its route as the delivery opaque: the store's [`AckTracker`] and
+//! its sequence number, or the output counters.
+//!
 //! Every record gets a sequence number (1, 2, ...) in send order, passed to librdkafka as the
 //! delivery opaque. With `enable.idempotence=true` and one partition, the broker acknowledges in
 //! send order, so "records up to sequence `n` are acknowledged" is one counter, and the commit
@@ -20,6 +25,7 @@ use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::util::Timeout;
 
 use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
@@ -215,44 +221,96 @@ impl AckTracker {
     }
 }
 
-/// The producer's context: routes delivery reports to the tracker.
-pub(crate) struct DeliveryContext {
-    tracker: Arc<AckTracker>,
-    where_: String,
+/// Where a delivery report goes.
+pub(crate) enum Delivery {
+    /// A changelog record: its store's tracker and sequence number.
+    Changelog { tracker: Arc<AckTracker>, seq: u64 },
+    /// An output record of a task.
+    Output,
 }
 
-impl ClientContext for DeliveryContext {}
+/// Outputs sent through a [`SharedProducer`] and what became of them.
+#[derive(Debug, Default)]
+struct OutputAcks {
+    sent: std::sync::atomic::AtomicU64,
+    delivered: std::sync::atomic::AtomicU64,
+    /// The first output that could not be delivered.
+    failed: Mutex<Option<String>>,
+}
 
-impl ProducerContext for DeliveryContext {
-    type DeliveryOpaque = usize;
+/// The producer's context: routes delivery reports.
+pub(crate) struct Router {
+    outputs: Arc<OutputAcks>,
+}
 
-    fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
-        match result {
-            Ok(message) => self.tracker.delivered(seq as u64, message.offset()),
-            Err((error, _)) => self.tracker.poison(PoisonReason::DeliveryFailed {
-                message: format!(
-                    "changelog {}: record {seq} was not delivered: {error}",
-                    self.where_
-                ),
-            }),
+impl ClientContext for Router {}
+
+impl ProducerContext for Router {
+    type DeliveryOpaque = Box<Delivery>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, route: Box<Delivery>) {
+        match (*route, result) {
+            (Delivery::Changelog { tracker, seq }, Ok(message)) => {
+                tracker.delivered(seq, message.offset())
+            }
+            (Delivery::Changelog { tracker, seq }, Err((error, message))) => {
+                tracker.poison(PoisonReason::DeliveryFailed {
+                    message: format!(
+                        "changelog {}/{}: record {seq} was not delivered: {error}",
+                        message.topic(),
+                        message.partition()
+                    ),
+                })
+            }
+            (Delivery::Output, Ok(_)) => {
+                self.outputs.delivered.fetch_add(1, Ordering::AcqRel);
+            }
+            (Delivery::Output, Err((error, message))) => {
+                let mut failed = self
+                    .outputs
+                    .failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if failed.is_none() {
+                    *failed = Some(format!(
+                        "output to {}/{} was not delivered: {error}",
+                        message.topic(),
+                        message.partition()
+                    ));
+                }
+            }
         }
     }
 }
 
-/// The changelog producer of one store.
-pub(crate) struct ChangelogProducer {
-    producer: ThreadedProducer<DeliveryContext>,
-    pub(crate) tracker: Arc<AckTracker>,
-    topic: String,
-    partition: i32,
+/// One idempotent, `acks=all` producer shared by many stores and their task's outputs.
+///
+/// Cheap to clone (a handle). Built from a [`ChangelogConfig`]'s client settings: bootstrap
+/// servers, client properties, delivery timeout, linger and record limit; its topic and partition
+/// are not used. A record that fails after retries fails the producer for good
+/// (`enable.gapless.guarantee`): every store sending through it is poisoned, and the owner must
+/// build a new producer and reopen them.
+#[derive(Clone)]
+pub struct SharedProducer {
+    inner: Arc<ThreadedProducer<Router>>,
+    outputs: Arc<OutputAcks>,
+    bootstrap_servers: Arc<str>,
 }
 
-impl ChangelogProducer {
-    pub(crate) fn new(config: &ChangelogConfig) -> Result<Self, ChangelogError> {
-        let tracker = Arc::new(AckTracker::default());
-        let context = DeliveryContext {
-            tracker: tracker.clone(),
-            where_: format!("{}/{}", config.topic, config.partition),
+impl std::fmt::Debug for SharedProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedProducer")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedProducer {
+    /// A producer with `config`'s client settings.
+    pub fn new(config: &ChangelogConfig) -> Result<Self, ChangelogError> {
+        let outputs = Arc::new(OutputAcks::default());
+        let context = Router {
+            outputs: outputs.clone(),
         };
         let mut client = config.client_config();
         // Defaults a user may override through `client_property`.
@@ -290,12 +348,127 @@ impl ChangelogProducer {
                     operation: "create producer",
                     source,
                 })?;
-        Ok(ChangelogProducer {
+        Ok(SharedProducer {
+            inner: Arc::new(producer),
+            outputs,
+            bootstrap_servers: config.bootstrap_servers.as_str().into(),
+        })
+    }
+
+    /// Queues one record, waiting while librdkafka's queue is full, up to `queue_timeout`.
+    fn send_routed(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: &[u8],
+        value: Option<&[u8]>,
+        route: Delivery,
+        queue_timeout: Duration,
+    ) -> Result<(), (KafkaError, Duration)> {
+        let mut record = BaseRecord::with_opaque_to(topic, Box::new(route))
+            .partition(partition)
+            .key(key);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        let mut deadline = None;
+        loop {
+            match self.inner.send(record) {
+                Ok(()) => return Ok(()),
+                Err((error @ KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    let deadline = *deadline.get_or_insert_with(|| Instant::now() + queue_timeout);
+                    if Instant::now() >= deadline {
+                        return Err((error, queue_timeout));
+                    }
+                    // The producer's own thread drains the queue; give it a moment.
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err((error, _)) => return Err((error, Duration::ZERO)),
+            }
+        }
+    }
+
+    /// Sends an output record (a tombstone when `value` is `None`) to `partition` of `topic`.
+    /// Its delivery is checked by [`flush`](Self::flush).
+    pub fn send_output(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: &[u8],
+        value: Option<&[u8]>,
+        queue_timeout: Duration,
+    ) -> Result<(), ChangelogError> {
+        self.send_routed(
+            topic,
+            partition,
+            key,
+            value,
+            Delivery::Output,
+            queue_timeout,
+        )
+        .map_err(|(source, _)| ChangelogError::Kafka {
+            topic: topic.to_string(),
+            partition,
+            operation: "send output",
+            source,
+        })?;
+        self.outputs.sent.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Sends everything queued now and waits until the broker acknowledged it: every output
+    /// and every changelog record sent so far. Fails if an output was not delivered (changelog
+    /// failures poison their stores instead, and their commits say so).
+    pub fn flush(&self, timeout: Duration) -> Result<(), ChangelogError> {
+        let flushed = self.inner.flush(Timeout::After(timeout));
+        if let Some(message) = self
+            .outputs
+            .failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            return Err(ChangelogError::OutputFailed { message });
+        }
+        flushed.map_err(|source| ChangelogError::Kafka {
+            topic: "(outputs)".into(),
+            partition: -1,
+            operation: "flush producer",
+            source,
+        })
+    }
+
+    /// Outputs sent and acknowledged so far.
+    pub fn outputs_delivered(&self) -> (u64, u64) {
+        (
+            self.outputs.sent.load(Ordering::Acquire),
+            self.outputs.delivered.load(Ordering::Acquire),
+        )
+    }
+
+    /// Records queued or in flight.
+    pub fn in_flight(&self) -> i32 {
+        self.inner.in_flight_count()
+    }
+}
+
+/// One store's side of a [`SharedProducer`]: its partition and its acknowledgements.
+pub(crate) struct ChangelogProducer {
+    producer: SharedProducer,
+    pub(crate) tracker: Arc<AckTracker>,
+    topic: String,
+    partition: i32,
+}
+
+impl ChangelogProducer {
+    pub(crate) fn new(producer: SharedProducer, config: &ChangelogConfig) -> Self {
+        ChangelogProducer {
             producer,
-            tracker,
+            tracker: Arc::new(AckTracker::default()),
             topic: config.topic.clone(),
             partition: config.partition,
-        })
+        }
     }
 
     /// Queues one record (a tombstone when `value` is `None`) with sequence number `seq`. Waits
@@ -308,52 +481,46 @@ impl ChangelogProducer {
         value: Option<&[u8]>,
         queue_timeout: Duration,
     ) -> Result<(), PoisonReason> {
-        let mut record = BaseRecord::with_opaque_to(&self.topic, seq as usize)
-            .partition(self.partition)
-            .key(key);
-        if let Some(value) = value {
-            record = record.payload(value);
+        if let Some(reason) = self.tracker.poisoned() {
+            return Err(reason);
         }
-        let mut deadline = None;
-        loop {
-            if let Some(reason) = self.tracker.poisoned() {
-                return Err(reason);
+        let route = Delivery::Changelog {
+            tracker: self.tracker.clone(),
+            seq,
+        };
+        let sent = self.producer.send_routed(
+            &self.topic,
+            self.partition,
+            key,
+            value,
+            route,
+            queue_timeout,
+        );
+        let Err((error, waited)) = sent else {
+            return Ok(());
+        };
+        let reason = if waited > Duration::ZERO {
+            PoisonReason::Timeout {
+                waiting_for: format!(
+                    "room in the producer queue of changelog {}/{}",
+                    self.topic, self.partition
+                ),
+                waited,
             }
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    let deadline = *deadline.get_or_insert_with(|| Instant::now() + queue_timeout);
-                    if Instant::now() >= deadline {
-                        let reason = PoisonReason::Timeout {
-                            waiting_for: format!(
-                                "room in the producer queue of changelog {}/{}",
-                                self.topic, self.partition
-                            ),
-                            waited: queue_timeout,
-                        };
-                        self.tracker.poison(reason.clone());
-                        return Err(reason);
-                    }
-                    // The producer's own thread drains the queue; give it a moment.
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err((error, _)) => {
-                    let reason = PoisonReason::ClientFailed {
-                        message: format!(
-                            "changelog {}/{}: send failed: {error}",
-                            self.topic, self.partition
-                        ),
-                    };
-                    self.tracker.poison(reason.clone());
-                    return Err(reason);
-                }
+        } else {
+            PoisonReason::ClientFailed {
+                message: format!(
+                    "changelog {}/{}: send failed: {error}",
+                    self.topic, self.partition
+                ),
             }
-        }
+        };
+        self.tracker.poison(reason.clone());
+        Err(reason)
     }
 
-    /// Records queued or in flight.
+    /// Records queued or in flight in the shared producer.
     pub(crate) fn in_flight(&self) -> i32 {
-        self.producer.in_flight_count()
+        self.producer.in_flight()
     }
 }

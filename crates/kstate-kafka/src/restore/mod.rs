@@ -22,8 +22,9 @@ mod replay;
 mod trust;
 mod wipe;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use kstate_core::{BoxError, KeyValueStore};
@@ -113,6 +114,105 @@ pub trait RestoreListener: Send + Sync {
     fn on_restore_end(&self, _report: &RestoreReport) {}
 }
 
+/// Cancels a restore from another thread: the restore returns
+/// [`ChangelogError::Cancelled`] within about 100 ms, or, for [`follow_changelog`], ends normally.
+/// Cheap to clone; every clone cancels the same restore.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token not cancelled yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Cancels.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Hooks for a restore ([`LoggedStore::open_with`](crate::LoggedStore::open_with),
+/// [`RestoredStore::restore`]).
+#[derive(Default, Clone)]
+pub struct OpenHooks {
+    /// Hears about the restore.
+    pub listener: Option<Arc<dyn RestoreListener>>,
+    /// Checks every replayed record (e.g. that the typed layer decodes it).
+    pub record_check: Option<RecordCheck>,
+    /// Cancels the restore from another thread.
+    pub cancel: Option<CancelToken>,
+}
+
+/// A store brought up to its changelog's end by [`RestoredStore::restore`], not yet writing:
+/// the restore as a step of its own, so that a task runtime can run it on a restorer thread,
+/// cancel it, and then [`attach`](crate::LoggedStore::attach) the store to the producer of the
+/// worker that owns the task.
+pub struct RestoredStore {
+    pub(crate) path: PathBuf,
+    pub(crate) config: ChangelogConfig,
+    pub(crate) restored: Restored,
+}
+
+impl std::fmt::Debug for RestoredStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoredStore")
+            .field("path", &self.path)
+            .field("report", &self.restored.report)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RestoredStore {
+    /// Opens the store at `path` and replays what it lacks of `config`'s changelog, up to the
+    /// end captured when the restore starts.
+    pub fn restore(
+        path: impl AsRef<Path>,
+        options: &RocksDbOptions,
+        config: ChangelogConfig,
+        hooks: &OpenHooks,
+    ) -> Result<Self, ChangelogError> {
+        let path = path.as_ref();
+        let restored = restore(path, options, &config, hooks, false)?;
+        Ok(RestoredStore {
+            path: path.to_path_buf(),
+            config,
+            restored,
+        })
+    }
+
+    /// What the restore did.
+    pub fn report(&self) -> &RestoreReport {
+        &self.restored.report
+    }
+}
+
+/// Restores the store at `path`, then keeps applying the changelog's new records as they arrive
+/// (a standby replica) until `stop` is cancelled; then closes the store and returns what was
+/// applied. Promoting the standby is an ordinary open of the same directory, which replays only
+/// the records written since the follower's last batch.
+pub fn follow_changelog(
+    path: impl AsRef<Path>,
+    options: &RocksDbOptions,
+    config: &ChangelogConfig,
+    listener: Option<Arc<dyn RestoreListener>>,
+    stop: &CancelToken,
+) -> Result<RestoreReport, ChangelogError> {
+    let hooks = OpenHooks {
+        listener,
+        record_check: None,
+        cancel: Some(stop.clone()),
+    };
+    let restored = restore(path.as_ref(), options, config, &hooks, true)?;
+    restored.store.close()?;
+    Ok(restored.report)
+}
+
 /// What [`restore`] leaves behind.
 pub(crate) struct Restored {
     /// The store, up to the captured end.
@@ -131,9 +231,11 @@ pub(crate) fn restore(
     path: &Path,
     options: &RocksDbOptions,
     config: &ChangelogConfig,
-    listener: Option<&dyn RestoreListener>,
-    check: Option<&RecordCheck>,
+    hooks: &OpenHooks,
+    follow: bool,
 ) -> Result<Restored, ChangelogError> {
+    let listener = hooks.listener.as_deref();
+    let check = hooks.record_check.as_ref();
     let (topic, partition) = (config.topic.as_str(), config.partition);
     let span = tracing::info_span!("restore", topic, partition);
     let _entered = span.enter();
@@ -205,7 +307,7 @@ pub(crate) fn restore(
         (Some(p), false) => p.written_at.map(|t| t.min(SystemTime::now())),
         _ => Some(SystemTime::now()),
     };
-    let (records, batches) = if start_offset < high {
+    let (records, batches) = if start_offset < high || follow {
         replay::replay(replay::Replay {
             since,
             path,
@@ -214,10 +316,13 @@ pub(crate) fn restore(
             config,
             start_offset,
             high,
-            bulk,
+            // A follower's chunks after the catch-up are small: no SST file per chunk.
+            bulk: bulk && !follow,
             listener,
             check,
             span: &span,
+            cancel: hooks.cancel.as_ref(),
+            follow,
         })?
     } else {
         (0, 0)

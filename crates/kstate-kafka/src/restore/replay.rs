@@ -31,7 +31,7 @@ use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
 use crate::key_prefix::key_prefix;
 use crate::position::ChangelogPosition;
-use crate::restore::{BatchRestored, RecordCheck, RestoreListener};
+use crate::restore::{BatchRestored, CancelToken, RecordCheck, RestoreListener};
 
 /// One replay's inputs.
 pub(crate) struct Replay<'a> {
@@ -50,6 +50,10 @@ pub(crate) struct Replay<'a> {
     pub(crate) listener: Option<&'a dyn RestoreListener>,
     pub(crate) check: Option<&'a RecordCheck>,
     pub(crate) span: &'a tracing::Span,
+    /// Stops the replay: with an error, or, when following, as its normal end.
+    pub(crate) cancel: Option<&'a CancelToken>,
+    /// Keep applying records past `high` until cancelled (a standby).
+    pub(crate) follow: bool,
 }
 
 /// Replays `start_offset..high`; returns the records and batches written.
@@ -66,6 +70,8 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
         listener,
         check,
         span,
+        cancel,
+        follow,
     } = r;
     let (topic, partition) = (config.topic.as_str(), config.partition);
     let kafka = |operation, source| ChangelogError::Kafka {
@@ -147,6 +153,15 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
             let mut last_progress = Instant::now();
             let mut progress_offset = last_offset;
             loop {
+                if cancel.is_some_and(CancelToken::is_cancelled) {
+                    if follow {
+                        break;
+                    }
+                    return Err(ChangelogError::Cancelled {
+                        topic: topic.to_string(),
+                        partition,
+                    });
+                }
                 match consumer.poll(Duration::from_millis(100)) {
                     Some(Ok(message)) => {
                         let offset = message.offset();
@@ -180,7 +195,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                             }
                             batch = spare.try_recv().unwrap_or_default();
                         }
-                        if offset + 1 >= high {
+                        if offset + 1 >= high && !follow {
                             break;
                         }
                     }
@@ -188,8 +203,23 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                         // Markers and compacted-away offsets leave gaps: the position, not the last
                         // record, says whether the end is reached.
                         let position = consumer_position(consumer, topic, partition);
-                        if position.is_some_and(|p| p >= high) {
+                        let caught_up = position.is_some_and(|p| p >= high);
+                        if caught_up && !follow {
                             break;
+                        }
+                        if follow && !batch.records.is_empty() {
+                            // A follower applies what it has whenever the log goes quiet.
+                            if to_writer
+                                .send((std::mem::take(&mut batch), last_offset))
+                                .is_err()
+                            {
+                                break;
+                            }
+                            batch = spare.try_recv().unwrap_or_default();
+                        }
+                        if follow {
+                            // Waiting for new records is what a follower does, not a stall.
+                            continue;
                         }
                         let progress = position.unwrap_or(last_offset).max(last_offset);
                         if progress != progress_offset {
@@ -294,7 +324,7 @@ impl ChunkWriter<'_> {
         metrics::counter!("kstate_restore_records_total", "topic" => self.topic.to_string())
             .increment(n as u64);
         metrics::gauge!("kstate_restore_lag", "topic" => self.topic.to_string())
-            .set((self.high - 1 - last_offset) as f64);
+            .set((self.high - 1 - last_offset).max(0) as f64);
         if let Some(l) = self.listener {
             l.on_batch_restored(&BatchRestored {
                 topic: self.topic.to_string(),

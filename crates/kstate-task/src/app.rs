@@ -1,0 +1,356 @@
+//! [`App`] and [`Running`]: start an application, watch its tasks, query its stores, stop it.
+//!
+//! Everything here returns at once or is `async`, so a tokio program can hold a [`Running`]
+//! (the workers are plain threads: processing is synchronous).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kstate_core::codec::{Bincode, Codec, OrderedKey};
+use kstate_core::{KeyValueStore, Store};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::config::{AppBuilder, AppConfig, GroupProtocol, ProcessorFactory, StoreHandle};
+use crate::error::TaskError;
+use crate::status::{Registry, TaskStatus, lock};
+
+/// What every worker shares.
+pub(crate) struct AppShared {
+    pub(crate) config: AppConfig,
+    pub(crate) factory: ProcessorFactory,
+    /// The input topics' (common) partition count.
+    pub(crate) partitions: i32,
+    pub(crate) registry: Registry,
+    stop: AtomicBool,
+    state: tokio::sync::watch::Sender<AppState>,
+}
+
+impl AppShared {
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
+/// Where the application is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppState {
+    /// Workers are running (their tasks may be restoring: see [`Running::tasks`]).
+    Running,
+    /// Shutting down: final commits, stores closing, leaving the group.
+    Stopping,
+    /// Every worker ended cleanly.
+    Stopped,
+    /// A worker failed; the others were stopped. The message is the first failure.
+    Failed(String),
+}
+
+/// An application, ready to start.
+pub struct App {
+    config: AppConfig,
+    factory: ProcessorFactory,
+}
+
+impl App {
+    /// An application named `application_id` (its consumer group and the prefix of its
+    /// changelog topics) on the cluster at `bootstrap_servers`.
+    pub fn builder(
+        application_id: impl Into<String>,
+        bootstrap_servers: impl Into<String>,
+    ) -> AppBuilder {
+        AppBuilder::new(application_id.into(), bootstrap_servers.into())
+    }
+
+    pub(crate) fn new(config: AppConfig, factory: ProcessorFactory) -> Self {
+        App { config, factory }
+    }
+
+    /// Checks the inputs (they exist and are co-partitioned) and starts the workers.
+    pub fn start(self) -> Result<Running, TaskError> {
+        let partitions = input_partitions(&self.config)?;
+        let (state, state_rx) = tokio::sync::watch::channel(AppState::Running);
+        let shared = Arc::new(AppShared {
+            config: self.config,
+            factory: self.factory,
+            partitions,
+            registry: Registry::default(),
+            stop: AtomicBool::new(false),
+            state,
+        });
+        let mut handles = Vec::new();
+        for index in 0..shared.config.threads {
+            let (jobs, job_rx) = std::sync::mpsc::channel();
+            let (done, done_rx) = std::sync::mpsc::channel();
+            let options = shared.config.rocksdb.clone();
+            let listener = shared.config.restore_listener.clone();
+            let restorer = std::thread::Builder::new()
+                .name(format!("kstate-restorer-{index}"))
+                .spawn(move || crate::restorer::run(job_rx, done, options, listener))
+                .map_err(|e| thread_error(format!("kstate-restorer-{index}"), e))?;
+            let app = shared.clone();
+            let worker = std::thread::Builder::new()
+                .name(format!("kstate-worker-{index}"))
+                .spawn(move || {
+                    let result = crate::worker::run(index, app.clone(), done_rx, jobs);
+                    if let Err(e) = &result {
+                        // One failed worker stops the application: a restart restores.
+                        app.state.send_replace(AppState::Failed(e.to_string()));
+                        app.stop.store(true, Ordering::Release);
+                    }
+                    // The worker dropped its job sender: the restorer ends after its job.
+                    if restorer.join().is_err() {
+                        tracing::error!(worker = index, "the restorer thread panicked");
+                    }
+                    result
+                })
+                .map_err(|e| thread_error(format!("kstate-worker-{index}"), e))?;
+            handles.push(worker);
+        }
+        tracing::info!(
+            application_id = %shared.config.application_id,
+            threads = shared.config.threads,
+            partitions,
+            "application started"
+        );
+        Ok(Running {
+            shared,
+            workers: Mutex::new(handles),
+            state: state_rx,
+        })
+    }
+}
+
+fn thread_error(name: String, e: std::io::Error) -> TaskError {
+    TaskError::Thread {
+        name,
+        message: e.to_string(),
+    }
+}
+
+/// The client settings every input consumer gets.
+pub(crate) fn consumer_config(config: &AppConfig) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    client.set("bootstrap.servers", &config.bootstrap_servers);
+    for (key, value) in &config.client_properties {
+        client.set(key, value);
+    }
+    client
+        .set("group.id", &config.application_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        // Outputs of an exactly-once upstream must not be read before they commit.
+        .set("isolation.level", "read_committed");
+    match config.group_protocol {
+        GroupProtocol::CooperativeSticky => {
+            client.set("partition.assignment.strategy", "cooperative-sticky");
+        }
+        GroupProtocol::Eager => {
+            client.set("partition.assignment.strategy", "range");
+        }
+        GroupProtocol::Consumer => {
+            client.set("group.protocol", "consumer");
+        }
+    }
+    for (key, value) in &config.consumer_properties {
+        client.set(key, value);
+    }
+    client
+}
+
+/// The inputs' common partition count; an error if one is missing or they differ.
+fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
+    let mut client = ClientConfig::new();
+    client.set("bootstrap.servers", &config.bootstrap_servers);
+    for (key, value) in &config.client_properties {
+        client.set(key, value);
+    }
+    let probe: BaseConsumer = client.create().map_err(|source| TaskError::Kafka {
+        operation: "create metadata client",
+        topic: config.inputs.join(","),
+        partition: -1,
+        source,
+    })?;
+    let mut counts = Vec::new();
+    for topic in &config.inputs {
+        let metadata = probe
+            .fetch_metadata(Some(topic), Duration::from_secs(30))
+            .map_err(|source| TaskError::Kafka {
+                operation: "fetch input metadata",
+                topic: topic.clone(),
+                partition: -1,
+                source,
+            })?;
+        let n = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map_or(0, |t| t.partitions().len() as i32);
+        if n == 0 {
+            return Err(TaskError::MissingInput {
+                topic: topic.clone(),
+                bootstrap_servers: config.bootstrap_servers.clone(),
+            });
+        }
+        counts.push((topic.clone(), n));
+    }
+    let first = counts[0].1;
+    if counts.iter().any(|(_, n)| *n != first) {
+        let counts = counts
+            .iter()
+            .map(|(t, n)| format!("{t}={n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(TaskError::NotCoPartitioned { counts });
+    }
+    Ok(first)
+}
+
+/// A running application.
+pub struct Running {
+    shared: Arc<AppShared>,
+    workers: Mutex<Vec<JoinHandle<Result<(), TaskError>>>>,
+    state: tokio::sync::watch::Receiver<AppState>,
+}
+
+impl Running {
+    /// Asks every worker to commit, close its stores and leave the group; returns at once.
+    pub fn shutdown(&self) {
+        if !self.shared.stop.swap(true, Ordering::AcqRel) {
+            self.shared.state.send_if_modified(|s| {
+                if *s == AppState::Running {
+                    *s = AppState::Stopping;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+    }
+
+    /// Where the application is now.
+    pub fn state(&self) -> AppState {
+        self.state.borrow().clone()
+    }
+
+    /// Waits until the application stops or fails (async: for tokio programs).
+    pub async fn stopped(&self) -> AppState {
+        let mut rx = self.state.clone();
+        loop {
+            let state = rx.borrow_and_update().clone();
+            if matches!(state, AppState::Stopped | AppState::Failed(_)) {
+                return state;
+            }
+            if rx.changed().await.is_err() {
+                return self.state();
+            }
+        }
+    }
+
+    /// Blocks until every worker ended; returns the first failure. Call after
+    /// [`shutdown`](Self::shutdown), or to run until a failure.
+    pub fn wait(&self) -> Result<(), TaskError> {
+        let handles = std::mem::take(&mut *lock(&self.workers));
+        let mut first = Ok(());
+        for handle in handles {
+            let result = handle.join().unwrap_or_else(|_| {
+                Err(TaskError::Thread {
+                    name: "kstate-worker".into(),
+                    message: "panicked".into(),
+                })
+            });
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        self.shared.state.send_if_modified(|s| {
+            if matches!(s, AppState::Failed(_)) {
+                false
+            } else {
+                *s = AppState::Stopped;
+                true
+            }
+        });
+        first
+    }
+
+    /// Every task of this process: state, restore progress, records processed.
+    pub fn tasks(&self) -> Vec<TaskStatus> {
+        self.shared.registry.statuses()
+    }
+
+    /// The input topics' partition count.
+    pub fn partitions(&self) -> i32 {
+        self.shared.partitions
+    }
+
+    /// The task that owns records with this key, for inputs partitioned by Kafka's default
+    /// partitioner ([`partition_for`](crate::partition_for)).
+    pub fn partition_for(&self, key: &[u8]) -> i32 {
+        crate::partitioner::partition_for(key, self.shared.partitions)
+    }
+
+    /// Read-only queries of a store, routed to the task that owns a partition.
+    pub fn query<K, V>(&self, handle: &StoreHandle<K, V>) -> StoreQuery<'_, K, V> {
+        StoreQuery {
+            running: self,
+            handle: handle.clone(),
+        }
+    }
+}
+
+/// Why a query has no answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueryError {
+    /// The task is not running in this process (another member owns it, or it is restoring).
+    #[error("store {store} of task {partition} is not running here")]
+    NotHere {
+        /// The store.
+        store: String,
+        /// The task.
+        partition: i32,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] kstate_core::Error),
+}
+
+/// Read-only access to one store of the tasks running here. Reads see what the task has written
+/// into its logged store; a coalescing store's latest writes show after the next commit.
+pub struct StoreQuery<'a, K, V> {
+    running: &'a Running,
+    handle: StoreHandle<K, V>,
+}
+
+impl<K: OrderedKey, V> StoreQuery<'_, K, V>
+where
+    Bincode: Codec<V>,
+{
+    /// The value under `key` in task `partition`'s store.
+    pub fn get(&self, partition: i32, key: &K) -> Result<Option<V>, QueryError> {
+        let store = self
+            .running
+            .shared
+            .registry
+            .store(partition, self.handle.name())
+            .ok_or_else(|| QueryError::NotHere {
+                store: self.handle.name().to_string(),
+                partition,
+            })?;
+        let typed: Store<K, V, &dyn KeyValueStore> = Store::new(&*store);
+        Ok(typed.get(key)?)
+    }
+}
+
+impl Drop for Running {
+    /// Stops the workers and waits for them: a dropped handle never leaves threads behind.
+    fn drop(&mut self) {
+        self.shutdown();
+        if let Err(e) = self.wait() {
+            tracing::warn!(error = %e, "the application ended with an error");
+        }
+    }
+}

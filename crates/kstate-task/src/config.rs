@@ -1,0 +1,319 @@
+//! [`AppBuilder`]: an application is an id, a cluster, co-partitioned input topics, named typed
+//! stores and a processor factory. Every setting has a documented default.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kstate_kafka::{ChangelogConfig, RestoreListener};
+use kstate_rocksdb::RocksDbOptions;
+
+use crate::app::App;
+use crate::error::TaskError;
+use crate::processor::{Processor, TaskId};
+
+/// The group protocol the workers' consumers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupProtocol {
+    /// The classic protocol with the `cooperative-sticky` assignor: a rebalance moves only the
+    /// partitions that change owner, and the others keep processing. The default.
+    #[default]
+    CooperativeSticky,
+    /// The classic protocol with the eager `range` assignor: every rebalance revokes everything
+    /// (each task's store is closed and reopened, replaying only its tail).
+    Eager,
+    /// KIP-848's consumer protocol (`group.protocol=consumer`, brokers 4.0 and later): the
+    /// broker computes assignments incrementally.
+    Consumer,
+}
+
+/// Options of one store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Changelog coalescing (Kafka Streams' record cache, Samza's CachedStore): within a commit
+    /// interval only the last value of each key reaches the changelog. Off by default.
+    pub coalesce: bool,
+}
+
+/// A typed handle to a store, returned by [`AppBuilder::store`] and passed to
+/// [`Context::store`](crate::Context::store) and the query API. Copyable.
+pub struct StoreHandle<K, V> {
+    pub(crate) index: usize,
+    pub(crate) name: Arc<str>,
+    types: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K, V> Clone for StoreHandle<K, V> {
+    fn clone(&self) -> Self {
+        StoreHandle {
+            index: self.index,
+            name: self.name.clone(),
+            types: PhantomData,
+        }
+    }
+}
+
+impl<K, V> std::fmt::Debug for StoreHandle<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreHandle")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl<K, V> StoreHandle<K, V> {
+    /// The store's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct StoreSpec {
+    pub(crate) name: String,
+    pub(crate) options: StoreOptions,
+}
+
+/// Makes the processor of each task.
+pub type ProcessorFactory = Arc<dyn Fn(TaskId) -> Box<dyn Processor> + Send + Sync>;
+
+/// Everything an application runs with.
+#[derive(Clone)]
+pub(crate) struct AppConfig {
+    pub(crate) application_id: String,
+    pub(crate) bootstrap_servers: String,
+    pub(crate) inputs: Vec<String>,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) threads: usize,
+    pub(crate) commit_interval: Duration,
+    pub(crate) replication_factor: i32,
+    pub(crate) group_protocol: GroupProtocol,
+    pub(crate) revocation_timeout: Duration,
+    pub(crate) client_properties: BTreeMap<String, String>,
+    pub(crate) consumer_properties: BTreeMap<String, String>,
+    pub(crate) rocksdb: RocksDbOptions,
+    pub(crate) stores: Vec<StoreSpec>,
+    pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,
+}
+
+impl AppConfig {
+    /// The changelog of store `store` for task `partition`.
+    pub(crate) fn changelog(
+        &self,
+        store: &str,
+        partition: i32,
+        partitions: i32,
+    ) -> ChangelogConfig {
+        let mut config = ChangelogConfig::new(
+            self.bootstrap_servers.clone(),
+            format!("{}-{store}-changelog", self.application_id),
+            partition,
+        )
+        .partitions(partitions)
+        .replication_factor(self.replication_factor)
+        // The task commits on its interval; the store's own timer is not running.
+        .durability(kstate_kafka::Durability::Async);
+        for (key, value) in &self.client_properties {
+            config = config.client_property(key.clone(), value.clone());
+        }
+        config
+    }
+
+    /// `<state-dir>/<app-id>/<p>/<store>`.
+    pub(crate) fn store_dir(&self, partition: i32, store: &str) -> PathBuf {
+        self.state_dir
+            .join(&self.application_id)
+            .join(partition.to_string())
+            .join(store)
+    }
+}
+
+/// Builds an [`App`].
+///
+/// ```no_run
+/// use kstate_task::{App, StoreOptions};
+///
+/// let mut builder = App::builder("counter", "127.0.0.1:9092");
+/// builder.input("events").state_dir("/var/lib/counter").threads(2);
+/// let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
+/// # let _ = counts;
+/// ```
+pub struct AppBuilder {
+    config: AppConfig,
+}
+
+impl AppBuilder {
+    pub(crate) fn new(application_id: String, bootstrap_servers: String) -> Self {
+        AppBuilder {
+            config: AppConfig {
+                application_id,
+                bootstrap_servers,
+                inputs: Vec::new(),
+                state_dir: std::env::temp_dir().join("kstate"),
+                threads: 1,
+                commit_interval: Duration::from_millis(100),
+                replication_factor: 1,
+                group_protocol: GroupProtocol::default(),
+                revocation_timeout: Duration::from_secs(30),
+                client_properties: BTreeMap::new(),
+                consumer_properties: BTreeMap::new(),
+                rocksdb: RocksDbOptions::default(),
+                stores: Vec::new(),
+                restore_listener: None,
+            },
+        }
+    }
+
+    /// Adds an input topic. All inputs must have the same partition count (checked at start).
+    pub fn input(&mut self, topic: impl Into<String>) -> &mut Self {
+        self.config.inputs.push(topic.into());
+        self
+    }
+
+    /// Where the stores live: `<dir>/<app-id>/<partition>/<store>`. Default: the system's
+    /// temporary directory + `kstate` (set it: a temporary directory may not survive a reboot,
+    /// and then every restart restores in full).
+    pub fn state_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        self.config.state_dir = dir.into();
+        self
+    }
+
+    /// Worker threads, each one member of the consumer group. Default 1.
+    pub fn threads(&mut self, n: usize) -> &mut Self {
+        self.config.threads = n;
+        self
+    }
+
+    /// How often each worker commits its tasks. Default 100 ms: a commit is one producer flush
+    /// and one RocksDB write batch per store.
+    pub fn commit_interval(&mut self, interval: Duration) -> &mut Self {
+        self.config.commit_interval = interval;
+        self
+    }
+
+    /// The changelog topics' replication factor when created, and the least they must have.
+    /// Default 1 (a development cluster); production clusters want 3.
+    pub fn replication_factor(&mut self, n: i32) -> &mut Self {
+        self.config.replication_factor = n;
+        self
+    }
+
+    /// The consumer group protocol. Default: cooperative-sticky.
+    pub fn group_protocol(&mut self, protocol: GroupProtocol) -> &mut Self {
+        self.config.group_protocol = protocol;
+        self
+    }
+
+    /// The most a revocation may take to commit and close its tasks before they are dropped
+    /// without a commit (their input is then replayed by the next owner). Default 30 s.
+    pub fn revocation_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.config.revocation_timeout = timeout;
+        self
+    }
+
+    /// A librdkafka property for every client (security settings, for example).
+    pub fn client_property(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> &mut Self {
+        self.config
+            .client_properties
+            .insert(key.into(), value.into());
+        self
+    }
+
+    /// A librdkafka property for the input consumers only.
+    pub fn consumer_property(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> &mut Self {
+        self.config
+            .consumer_properties
+            .insert(key.into(), value.into());
+        self
+    }
+
+    /// RocksDB options for every store. Default: [`RocksDbOptions::default`], whose memory
+    /// budget is shared by all the process's stores.
+    pub fn rocksdb_options(&mut self, options: RocksDbOptions) -> &mut Self {
+        self.config.rocksdb = options;
+        self
+    }
+
+    /// Also tells `listener` about every store restore (start and end offsets, whether it was
+    /// rebuilt, each batch), besides the progress kept for [`Running::tasks`](crate::Running::tasks).
+    pub fn restore_listener(&mut self, listener: Arc<dyn RestoreListener>) -> &mut Self {
+        self.config.restore_listener = Some(listener);
+        self
+    }
+
+    /// Declares a store of every task, with keys `K` and values `V` (bincode); its changelog is
+    /// `<app-id>-<name>-changelog`.
+    pub fn store<K, V>(
+        &mut self,
+        name: impl Into<String>,
+        options: StoreOptions,
+    ) -> StoreHandle<K, V> {
+        let name = name.into();
+        self.config.stores.push(StoreSpec {
+            name: name.clone(),
+            options,
+        });
+        StoreHandle {
+            index: self.config.stores.len() - 1,
+            name: name.into(),
+            types: PhantomData,
+        }
+    }
+
+    /// The application, with `factory` making each task's processor.
+    pub fn build(
+        &self,
+        factory: impl Fn(TaskId) -> Box<dyn Processor> + Send + Sync + 'static,
+    ) -> Result<App, TaskError> {
+        let c = &self.config;
+        let invalid = |m: String| Err(TaskError::InvalidConfig(m));
+        if c.application_id.is_empty()
+            || !c
+                .application_id
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
+        {
+            return invalid(format!(
+                "application id {:?} must be non-empty ASCII letters, digits, '.', '_' or '-' (it names the consumer group and the changelog topics)",
+                c.application_id
+            ));
+        }
+        if c.inputs.is_empty() {
+            return invalid("no input topic".into());
+        }
+        if c.threads == 0 {
+            return invalid("threads must be at least 1".into());
+        }
+        if c.commit_interval.is_zero() {
+            return invalid("the commit interval must be above zero".into());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for store in &c.stores {
+            if !names.insert(store.name.as_str()) {
+                return invalid(format!("store {:?} is declared twice", store.name));
+            }
+            if store.name.is_empty()
+                || !store
+                    .name
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
+            {
+                return invalid(format!(
+                    "store name {:?} must be non-empty ASCII letters, digits, '.', '_' or '-' (it names a directory and a topic)",
+                    store.name
+                ));
+            }
+        }
+        Ok(App::new(c.clone(), Arc::new(factory)))
+    }
+}

@@ -1,0 +1,59 @@
+//! kstate-task: the stream-task runtime. An application is a consumer group of tasks, each with
+//! its own restored stores, committed together; more processes with the same application id
+//! share the partitions (the distributed engine is Kafka's consumer group).
+//!
+//! - Task *p* is partition *p* of every input topic (co-partitioned; checked at start). Its store
+//!   `s` lives in `<state-dir>/<app-id>/<p>/<s>`, logged to `<app-id>-<s>-changelog` partition
+//!   *p*.
+//! - `threads` workers, each one group member with one producer shared by all its tasks' stores
+//!   and outputs, and a restorer thread: new partitions are paused and restored while the worker
+//!   keeps processing its other tasks ([`worker`](crate) module docs).
+//! - At-least-once commit every `commit_interval`: outputs acknowledged, stores committed, input
+//!   offsets committed. After a crash the input replays from the last committed offset, so state
+//!   may hold some records' effects twice; the stores always restore to exactly what their
+//!   changelogs acknowledged.
+//!
+//! ```no_run
+//! use kstate_task::{App, Context, Processor, Record, StoreHandle, StoreOptions};
+//!
+//! struct Count(StoreHandle<Vec<u8>, u64>);
+//!
+//! impl Processor for Count {
+//!     fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), kstate_core::BoxError> {
+//!         let key = record.key.unwrap_or_default().to_vec();
+//!         let counts = ctx.store(&self.0);
+//!         let n = counts.get(&key)?.unwrap_or(0) + 1;
+//!         counts.put(&key, &n)?;
+//!         ctx.send("counts-out", &key, Some(n.to_string().as_bytes()))?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let mut builder = App::builder("counter", "127.0.0.1:9092");
+//! builder.input("events").state_dir("/var/lib/counter");
+//! let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
+//! let running = builder.build(move |_task| Box::new(Count(counts.clone())))?.start()?;
+//! running.shutdown();
+//! running.wait()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(unsafe_code)]
+
+mod app;
+mod cache;
+mod config;
+mod error;
+mod partitioner;
+mod processor;
+mod restorer;
+mod status;
+mod task;
+mod worker;
+
+pub use app::{App, AppState, QueryError, Running, StoreQuery};
+pub use config::{AppBuilder, GroupProtocol, ProcessorFactory, StoreHandle, StoreOptions};
+pub use error::TaskError;
+pub use partitioner::partition_for;
+pub use processor::{Context, Processor, Record, TaskId, TimeKind, Timer, TimerId};
+pub use status::{RestoreProgress, TaskState, TaskStatus};

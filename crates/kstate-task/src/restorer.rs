@@ -1,0 +1,139 @@
+//! The restorer thread of a worker: restores the stores of newly assigned tasks while the worker
+//! keeps polling and processing its ready tasks (Kafka Streams' state updater). A restore that
+//! takes minutes never holds up the consumer's poll loop, so it never costs the group membership
+//! (`max.poll.interval.ms`).
+//!
+//! One job per task, in assignment order; a revoked task's job is cancelled through its token.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::{Duration, Instant};
+
+use kstate_kafka::{
+    BatchRestored, CancelToken, ChangelogConfig, ChangelogError, OpenHooks, RestoreListener,
+    RestoreReport, RestoreStart, RestoredStore,
+};
+use kstate_rocksdb::RocksDbOptions;
+
+use crate::error::TaskError;
+use crate::status::Progress;
+
+/// Restore the stores of one task.
+pub(crate) struct Job {
+    /// Tells this job's result from an earlier, cancelled job of the same task.
+    pub(crate) id: u64,
+    pub(crate) partition: i32,
+    /// Each store's directory and changelog, in declaration order.
+    pub(crate) stores: Vec<(PathBuf, ChangelogConfig)>,
+    pub(crate) cancel: CancelToken,
+    pub(crate) progress: Arc<Progress>,
+}
+
+/// A finished job: the restored stores, or why not.
+pub(crate) struct Done {
+    pub(crate) id: u64,
+    pub(crate) partition: i32,
+    pub(crate) result: Result<Vec<RestoredStore>, TaskError>,
+}
+
+/// Hears about restores for both the task's progress and the application's listener.
+struct Both(Arc<Progress>, Arc<dyn RestoreListener>);
+
+impl RestoreListener for Both {
+    fn on_restore_start(&self, start: &RestoreStart) {
+        self.0.on_restore_start(start);
+        self.1.on_restore_start(start);
+    }
+    fn on_batch_restored(&self, batch: &BatchRestored) {
+        self.0.on_batch_restored(batch);
+        self.1.on_batch_restored(batch);
+    }
+    fn on_restore_end(&self, report: &RestoreReport) {
+        self.0.on_restore_end(report);
+        self.1.on_restore_end(report);
+    }
+}
+
+/// How long a restore waits for a store directory another task of this process still holds
+/// (a task moved between two workers of the process, or revoked while restoring, is closing).
+const DIRECTORY_WAIT: Duration = Duration::from_secs(60);
+
+/// Restores one store; waits while RocksDB's lock on its directory is still held here.
+fn restore_one(
+    path: &Path,
+    options: &RocksDbOptions,
+    config: ChangelogConfig,
+    hooks: &OpenHooks,
+) -> Result<RestoredStore, ChangelogError> {
+    let deadline = Instant::now() + DIRECTORY_WAIT;
+    loop {
+        match RestoredStore::restore(path, options, config.clone(), hooks) {
+            Err(e) if e.to_string().contains("LOCK") && Instant::now() < deadline => {
+                if hooks.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Runs jobs until the job channel closes.
+pub(crate) fn run(
+    jobs: Receiver<Job>,
+    done: Sender<Done>,
+    options: RocksDbOptions,
+    listener: Option<Arc<dyn RestoreListener>>,
+) {
+    for job in jobs {
+        if job.cancel.is_cancelled() {
+            continue;
+        }
+        let span = tracing::info_span!("restore_task", partition = job.partition);
+        let _entered = span.enter();
+        let hooks = OpenHooks {
+            listener: Some(match &listener {
+                Some(l) => Arc::new(Both(job.progress.clone(), l.clone())),
+                None => job.progress.clone(),
+            }),
+            record_check: None,
+            cancel: Some(job.cancel.clone()),
+        };
+        let mut restored = Vec::with_capacity(job.stores.len());
+        let mut result = Ok(());
+        for (path, config) in job.stores {
+            if let Err(e) = std::fs::create_dir_all(path.parent().unwrap_or(&path)) {
+                result = Err(ChangelogError::Store(kstate_core::Error::backend(
+                    path.display().to_string(),
+                    "create the task's state directory",
+                    e,
+                )));
+                break;
+            }
+            match restore_one(&path, &options, config, &hooks) {
+                Ok(store) => restored.push(store),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        job.progress.finish();
+        let result = result
+            .map(|()| restored)
+            .map_err(|source| TaskError::Changelog {
+                partition: job.partition,
+                source,
+            });
+        let finished = Done {
+            id: job.id,
+            partition: job.partition,
+            result,
+        };
+        if done.send(finished).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! What the application reports about its tasks: state, restore progress, records processed;
+//! and the registry the query API routes through.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use kstate_kafka::{BatchRestored, LoggedStore, RestoreListener, RestoreStart};
+
+use crate::processor::TaskId;
+
+/// Where a task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskState {
+    /// Its stores are being restored; its input partitions are paused.
+    Restoring,
+    /// Processing.
+    Running,
+}
+
+/// How far a task's restore is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RestoreProgress {
+    /// Records replayed so far, over all the task's stores.
+    pub records: u64,
+    /// Records the restore has to replay at most (offsets between start and end; compaction and
+    /// transaction markers make the real count lower).
+    pub records_total: u64,
+    /// Since the restore started.
+    pub elapsed: Duration,
+    /// Records per second so far.
+    pub rate: f64,
+    /// At this rate, the time left.
+    pub eta: Option<Duration>,
+}
+
+/// One task of this process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskStatus {
+    /// Which task.
+    pub task: TaskId,
+    /// The worker thread that owns it.
+    pub worker: usize,
+    /// Restoring or running.
+    pub state: TaskState,
+    /// Its (last) restore.
+    pub restore: RestoreProgress,
+    /// Input records processed and committed since it started here.
+    pub processed: u64,
+}
+
+/// Counts a task's restore; a [`RestoreListener`] for each of its stores.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    started: Instant,
+    records: AtomicU64,
+    total: AtomicI64,
+    finished_after: Mutex<Option<Duration>>,
+}
+
+impl Progress {
+    pub(crate) fn new() -> Self {
+        Progress {
+            started: Instant::now(),
+            records: AtomicU64::new(0),
+            total: AtomicI64::new(0),
+            finished_after: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn finish(&self) {
+        *lock(&self.finished_after) = Some(self.started.elapsed());
+    }
+
+    pub(crate) fn snapshot(&self) -> RestoreProgress {
+        let records = self.records.load(Ordering::Relaxed);
+        let total = self.total.load(Ordering::Relaxed).max(0) as u64;
+        let elapsed = lock(&self.finished_after).unwrap_or_else(|| self.started.elapsed());
+        let rate = records as f64 / elapsed.as_secs_f64().max(1e-3);
+        let eta = (rate > 0.0)
+            .then(|| Duration::from_secs_f64(total.saturating_sub(records) as f64 / rate));
+        RestoreProgress {
+            records,
+            records_total: total,
+            elapsed,
+            rate,
+            eta,
+        }
+    }
+}
+
+impl RestoreListener for Progress {
+    fn on_restore_start(&self, start: &RestoreStart) {
+        self.total.fetch_add(
+            (start.end_offset - start.start_offset).max(0),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn on_batch_restored(&self, batch: &BatchRestored) {
+        self.records
+            .fetch_add(batch.records as u64, Ordering::Relaxed);
+        metrics::counter!("kstate_task_restored_records").increment(batch.records as u64);
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A task as the registry knows it.
+pub(crate) struct Entry {
+    pub(crate) worker: usize,
+    pub(crate) state: TaskState,
+    pub(crate) progress: Arc<Progress>,
+    pub(crate) processed: Arc<AtomicU64>,
+    pub(crate) stores: Vec<(String, Arc<LoggedStore>)>,
+}
+
+/// Every task of this process, by partition.
+#[derive(Default)]
+pub(crate) struct Registry {
+    tasks: Mutex<BTreeMap<i32, Entry>>,
+}
+
+impl Registry {
+    pub(crate) fn restoring(&self, worker: usize, partition: i32, progress: Arc<Progress>) {
+        lock(&self.tasks).insert(
+            partition,
+            Entry {
+                worker,
+                state: TaskState::Restoring,
+                progress,
+                processed: Arc::default(),
+                stores: Vec::new(),
+            },
+        );
+    }
+
+    pub(crate) fn running(
+        &self,
+        partition: i32,
+        processed: Arc<AtomicU64>,
+        stores: Vec<(String, Arc<LoggedStore>)>,
+    ) {
+        if let Some(entry) = lock(&self.tasks).get_mut(&partition) {
+            entry.state = TaskState::Running;
+            entry.processed = processed;
+            entry.stores = stores;
+        }
+    }
+
+    pub(crate) fn remove(&self, partition: i32) {
+        lock(&self.tasks).remove(&partition);
+    }
+
+    pub(crate) fn statuses(&self) -> Vec<TaskStatus> {
+        lock(&self.tasks)
+            .iter()
+            .map(|(&partition, e)| TaskStatus {
+                task: TaskId { partition },
+                worker: e.worker,
+                state: e.state,
+                restore: e.progress.snapshot(),
+                processed: e.processed.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// The logged store `name` of task `partition`, if it runs here.
+    pub(crate) fn store(&self, partition: i32, name: &str) -> Option<Arc<LoggedStore>> {
+        lock(&self.tasks).get(&partition).and_then(|e| {
+            e.stores
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, s)| s.clone())
+        })
+    }
+}

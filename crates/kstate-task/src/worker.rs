@@ -1,0 +1,532 @@
+//! A worker thread: one member of the consumer group, its producer, its restorer thread, and the
+//! tasks it runs.
+//!
+//! The rebalance callbacks run inside `poll` on the worker's own thread, so they share the
+//! worker's state through a mutex that is never contended: the loop holds it between polls, the
+//! callbacks during them.
+//!
+//! - **Assigned**: the new partitions are paused and their tasks' stores restored on the
+//!   restorer thread; the worker keeps processing its other tasks. A restored task starts, runs
+//!   the records fetched before the pause took hold, and its partitions resume.
+//! - **Revoked**: the revoked tasks are committed (producer flushed, stores committed, offsets
+//!   committed synchronously) and their stores closed, within the revocation timeout; a restore
+//!   in progress is cancelled. The directories stay: a later reassignment replays only the tail.
+//! - **Lost** (the member was fenced or timed out): the tasks are dropped without a commit; their
+//!   new owner replays from the last committed offsets.
+//! - A failure (a poisoned store, an undeliverable output, a processor error) stops the worker,
+//!   and with it the application: nothing after it is committed, and a restart restores.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kstate_kafka::{CancelToken, SharedProducer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::{Message, Timestamp};
+use rdkafka::{ClientContext, TopicPartitionList};
+
+use crate::app::AppShared;
+use crate::error::TaskError;
+use crate::processor::{Record, TaskId};
+use crate::restorer::{Done, Job};
+use crate::status::{Progress, lock};
+use crate::task::Task;
+
+/// A record fetched for a task that is still restoring.
+struct Buffered {
+    topic: String,
+    offset: i64,
+    timestamp: Option<i64>,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+}
+
+struct Restoring {
+    job: u64,
+    cancel: CancelToken,
+    buffered: Vec<Buffered>,
+}
+
+/// The worker's state, shared with its consumer's rebalance callbacks.
+pub(crate) struct Core {
+    index: usize,
+    app: Arc<AppShared>,
+    producer: SharedProducer,
+    tasks: BTreeMap<i32, Task>,
+    restoring: BTreeMap<i32, Restoring>,
+    jobs: Sender<Job>,
+    next_job: u64,
+    /// The first failure: the worker stops on it.
+    failed: Option<TaskError>,
+}
+
+pub(crate) struct WorkerContext {
+    core: Arc<Mutex<Core>>,
+}
+
+impl ClientContext for WorkerContext {}
+
+impl ConsumerContext for WorkerContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let partitions = partitions_of(tpl);
+            let lost = consumer.assignment_lost();
+            lock(&self.core).revoke(consumer, &partitions, lost);
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => lock(&self.core).assign(consumer, &partitions_of(tpl)),
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+        }
+    }
+
+    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, _: &TopicPartitionList) {
+        if let Err(e) = result {
+            // The next commit covers these offsets again; a crash meanwhile replays a little more.
+            tracing::warn!(error = %e, "input offset commit failed");
+        }
+    }
+}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<i32> {
+    let mut partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    partitions
+}
+
+type WorkerConsumer = BaseConsumer<WorkerContext>;
+
+impl Core {
+    /// Every input topic's partition `p`.
+    fn input_tpl(&self, partitions: &[i32]) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for topic in &self.app.config.inputs {
+            for &p in partitions {
+                tpl.add_partition(topic, p);
+            }
+        }
+        tpl
+    }
+
+    fn fail(&mut self, error: TaskError) {
+        tracing::error!(worker = self.index, error = %error, "worker failed");
+        if self.failed.is_none() {
+            self.failed = Some(error);
+        }
+    }
+
+    fn assign(&mut self, consumer: &WorkerConsumer, partitions: &[i32]) {
+        let new: Vec<i32> = partitions
+            .iter()
+            .copied()
+            .filter(|p| !self.tasks.contains_key(p) && !self.restoring.contains_key(p))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        if let Err(e) = consumer.pause(&self.input_tpl(&new)) {
+            self.fail(TaskError::Kafka {
+                operation: "pause newly assigned partitions",
+                topic: self.app.config.inputs.join(","),
+                partition: -1,
+                source: e,
+            });
+            return;
+        }
+        tracing::info!(worker = self.index, partitions = ?new, "assigned; restoring");
+        for p in new {
+            let progress = Arc::new(Progress::new());
+            let cancel = CancelToken::new();
+            self.next_job += 1;
+            let config = &self.app.config;
+            let job = Job {
+                id: self.next_job,
+                partition: p,
+                stores: config
+                    .stores
+                    .iter()
+                    .map(|s| {
+                        (
+                            config.store_dir(p, &s.name),
+                            config.changelog(&s.name, p, self.app.partitions),
+                        )
+                    })
+                    .collect(),
+                cancel: cancel.clone(),
+                progress: progress.clone(),
+            };
+            self.app.registry.restoring(self.index, p, progress);
+            self.restoring.insert(
+                p,
+                Restoring {
+                    job: self.next_job,
+                    cancel,
+                    buffered: Vec::new(),
+                },
+            );
+            if self.jobs.send(job).is_err() {
+                self.fail(TaskError::Thread {
+                    name: format!("kstate-restorer-{}", self.index),
+                    message: "the restorer thread stopped".into(),
+                });
+            }
+        }
+    }
+
+    fn revoke(&mut self, consumer: &WorkerConsumer, partitions: &[i32], lost: bool) {
+        for p in partitions {
+            if let Some(restoring) = self.restoring.remove(p) {
+                restoring.cancel.cancel();
+                self.app.registry.remove(*p);
+            }
+        }
+        let revoked: Vec<Task> = partitions
+            .iter()
+            .filter_map(|p| self.tasks.remove(p))
+            .collect();
+        if revoked.is_empty() {
+            return;
+        }
+        let ids: Vec<i32> = revoked.iter().map(|t| t.id.partition).collect();
+        if lost {
+            tracing::warn!(worker = self.index, partitions = ?ids, "assignment lost; dropping tasks without a commit");
+        } else {
+            tracing::info!(worker = self.index, partitions = ?ids, "revoked; committing and closing");
+        }
+        let mut revoked = revoked;
+        if !lost && self.failed.is_none() {
+            let timeout = self.app.config.revocation_timeout;
+            if let Err(e) = self.commit(consumer, &mut revoked, CommitMode::Sync, timeout) {
+                tracing::warn!(worker = self.index, error = %e, "commit of revoked tasks failed; their input will be replayed");
+            }
+        }
+        for task in revoked {
+            // Out of the query registry first: it holds the stores too.
+            self.app.registry.remove(task.id.partition);
+            if lost || self.failed.is_some() {
+                // Dropped without closing: nothing uncommitted reaches RocksDB.
+                drop(task);
+            } else if let Err(e) = task.close() {
+                tracing::warn!(worker = self.index, error = %e, "closing a revoked task failed");
+            }
+        }
+    }
+
+    /// Commits `tasks`: outputs and changelogs acknowledged, stores committed, offsets committed.
+    fn commit(
+        &self,
+        consumer: &WorkerConsumer,
+        tasks: &mut [Task],
+        mode: CommitMode,
+        timeout: Duration,
+    ) -> Result<(), TaskError> {
+        let mut refs: Vec<&mut Task> = tasks.iter_mut().collect();
+        commit_tasks(&self.producer, consumer, &mut refs, mode, timeout)
+    }
+
+    fn on_record(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
+        let partition = message.partition();
+        let timestamp = match message.timestamp() {
+            Timestamp::NotAvailable => None,
+            Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
+        };
+        if let Some(task) = self.tasks.get_mut(&partition) {
+            let record = Record {
+                topic: message.topic(),
+                partition,
+                offset: message.offset(),
+                timestamp,
+                key: message.key(),
+                value: message.payload(),
+            };
+            if let Err(e) = task.process(&self.producer, &record) {
+                self.fail(e);
+            }
+        } else if let Some(restoring) = self.restoring.get_mut(&partition) {
+            // Fetched before the pause took hold: kept for when the task is ready.
+            restoring.buffered.push(Buffered {
+                topic: message.topic().to_string(),
+                offset: message.offset(),
+                timestamp,
+                key: message.key().map(<[u8]>::to_vec),
+                value: message.payload().map(<[u8]>::to_vec),
+            });
+        } else {
+            // Not ours any more: nobody commits its offset here, so its next owner reads it.
+            tracing::debug!(
+                partition,
+                offset = message.offset(),
+                "record for a task not on this worker"
+            );
+        }
+    }
+
+    /// Starts the tasks whose restores finished, and resumes their partitions.
+    fn on_restored(&mut self, consumer: &WorkerConsumer, done: Done) {
+        let current = self
+            .restoring
+            .get(&done.partition)
+            .is_some_and(|r| r.job == done.id);
+        if !current {
+            return; // cancelled: revoked meanwhile
+        }
+        let Some(restoring) = self.restoring.remove(&done.partition) else {
+            return;
+        };
+        let restored = match done.result {
+            Ok(restored) => restored,
+            Err(e) => {
+                self.fail(e);
+                return;
+            }
+        };
+        let id = TaskId {
+            partition: done.partition,
+        };
+        let config = &self.app.config;
+        let task = Task::start(
+            id,
+            &config.stores,
+            restored,
+            &self.producer,
+            &self.app.factory,
+            Duration::from_secs(60),
+        );
+        let mut task = match task {
+            Ok(task) => task,
+            Err(e) => {
+                self.fail(e);
+                return;
+            }
+        };
+        for b in &restoring.buffered {
+            let record = Record {
+                topic: &b.topic,
+                partition: done.partition,
+                offset: b.offset,
+                timestamp: b.timestamp,
+                key: b.key.as_deref(),
+                value: b.value.as_deref(),
+            };
+            if let Err(e) = task.process(&self.producer, &record) {
+                self.fail(e);
+                return;
+            }
+        }
+        self.app
+            .registry
+            .running(done.partition, task.processed.clone(), task.logged_stores());
+        tracing::info!(worker = self.index, task = %id, "restored; running");
+        self.tasks.insert(done.partition, task);
+        if let Err(e) = consumer.resume(&self.input_tpl(&[done.partition])) {
+            self.fail(TaskError::Kafka {
+                operation: "resume a restored task's partitions",
+                topic: self.app.config.inputs.join(","),
+                partition: done.partition,
+                source: e,
+            });
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        for task in self.tasks.values_mut() {
+            if task.next_timer().is_some_and(|t| t <= now)
+                && let Err(e) = task.fire_timers(&self.producer, now, false)
+            {
+                self.failed.get_or_insert(e);
+                return;
+            }
+        }
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        self.tasks.values().filter_map(Task::next_timer).min()
+    }
+}
+
+/// The commit protocol over some tasks of one worker.
+fn commit_tasks(
+    producer: &SharedProducer,
+    consumer: &WorkerConsumer,
+    tasks: &mut [&mut Task],
+    mode: CommitMode,
+    timeout: Duration,
+) -> Result<(), TaskError> {
+    let started = Instant::now();
+    for task in tasks.iter_mut() {
+        task.prepare_commit(producer)?;
+    }
+    producer
+        .flush(timeout)
+        .map_err(|source| TaskError::Changelog {
+            partition: -1,
+            source,
+        })?;
+    let mut offsets = TopicPartitionList::new();
+    for task in tasks.iter_mut() {
+        task.commit_stores()?;
+        task.take_offsets(&mut offsets);
+    }
+    if offsets.count() > 0
+        && let Err(e) = consumer.commit(&offsets, mode)
+    {
+        for task in tasks.iter_mut() {
+            task.untake_offsets();
+        }
+        // Not fatal: the stores are committed, and the next commit covers these offsets.
+        tracing::warn!(error = %e, "input offset commit failed");
+    }
+    metrics::histogram!("kstate_task_commit_seconds").record(started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Runs worker `index` until the application shuts down or the worker fails.
+pub(crate) fn run(
+    index: usize,
+    app: Arc<AppShared>,
+    done: Receiver<Done>,
+    jobs: Sender<Job>,
+) -> Result<(), TaskError> {
+    let config = &app.config;
+    let producer =
+        SharedProducer::new(&config.changelog("outputs", 0, app.partitions)).map_err(|source| {
+            TaskError::Changelog {
+                partition: -1,
+                source,
+            }
+        })?;
+    let core = Arc::new(Mutex::new(Core {
+        index,
+        app: app.clone(),
+        producer: producer.clone(),
+        tasks: BTreeMap::new(),
+        restoring: BTreeMap::new(),
+        jobs,
+        next_job: 0,
+        failed: None,
+    }));
+    let consumer: WorkerConsumer = crate::app::consumer_config(config)
+        .create_with_context(WorkerContext { core: core.clone() })
+        .map_err(|source| TaskError::Kafka {
+            operation: "create consumer",
+            topic: config.inputs.join(","),
+            partition: -1,
+            source,
+        })?;
+    let topics: Vec<&str> = config.inputs.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&topics)
+        .map_err(|source| TaskError::Kafka {
+            operation: "subscribe",
+            topic: config.inputs.join(","),
+            partition: -1,
+            source,
+        })?;
+
+    let mut next_commit = Instant::now() + config.commit_interval;
+    while !app.stopping() {
+        let now = Instant::now();
+        let mut wake = next_commit;
+        {
+            let core = lock(&core);
+            if let Some(t) = core.next_timer() {
+                wake = wake.min(t);
+            }
+            if !core.restoring.is_empty() {
+                wake = wake.min(now + Duration::from_millis(20));
+            }
+        }
+        let timeout = wake
+            .saturating_duration_since(now)
+            .min(Duration::from_millis(100));
+        let polled = consumer.poll(timeout);
+        let mut core = lock(&core);
+        match polled {
+            Some(Ok(message)) => core.on_record(&message),
+            Some(Err(e)) => {
+                if let rdkafka::error::KafkaError::MessageConsumption(code) = &e
+                    && *code == rdkafka::types::RDKafkaErrorCode::Fatal
+                {
+                    core.fail(TaskError::Kafka {
+                        operation: "poll",
+                        topic: config.inputs.join(","),
+                        partition: -1,
+                        source: e,
+                    });
+                } else {
+                    tracing::warn!(worker = index, error = %e, "consumer error");
+                }
+            }
+            None => {}
+        }
+        while let Ok(finished) = done.try_recv() {
+            core.on_restored(&consumer, finished);
+        }
+        core.fire_timers();
+        if Instant::now() >= next_commit && core.failed.is_none() {
+            let core = &mut *core;
+            let mut tasks: Vec<&mut Task> = core.tasks.values_mut().collect();
+            if let Err(e) = commit_tasks(
+                &core.producer,
+                &consumer,
+                &mut tasks,
+                CommitMode::Async,
+                config.revocation_timeout,
+            ) {
+                core.fail(e);
+            }
+            next_commit = Instant::now() + config.commit_interval;
+        }
+        if core.failed.is_some() {
+            break;
+        }
+    }
+
+    // Shutting down (or failed): a final commit, the stores closed, then the group left.
+    let mut core_guard = lock(&core);
+    let core_ref = &mut *core_guard;
+    for restoring in core_ref.restoring.values() {
+        restoring.cancel.cancel();
+    }
+    let tasks = std::mem::take(&mut core_ref.tasks);
+    let failed = core_ref.failed.take();
+    if failed.is_none() {
+        let mut tasks_vec: Vec<Task> = tasks.into_values().collect();
+        let mut refs: Vec<&mut Task> = tasks_vec.iter_mut().collect();
+        let committed = commit_tasks(
+            &core_ref.producer,
+            &consumer,
+            &mut refs,
+            CommitMode::Sync,
+            config.revocation_timeout,
+        );
+        for task in tasks_vec {
+            app.registry.remove(task.id.partition);
+            if committed.is_ok()
+                && let Err(e) = task.close()
+            {
+                tracing::warn!(worker = index, error = %e, "closing a task failed");
+            }
+        }
+        committed?;
+    } else {
+        for partition in tasks.keys() {
+            app.registry.remove(*partition);
+        }
+        drop(tasks);
+    }
+    drop(core_guard);
+    // Leaving the group revokes nothing left: every task is closed.
+    consumer.unsubscribe();
+    drop(consumer);
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

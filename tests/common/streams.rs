@@ -1,0 +1,132 @@
+//! Helpers for the task-runtime tests: write keyed input, read a whole topic back, wait for a
+//! condition.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::Offset;
+use rdkafka::TopicPartitionList;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+/// A producer for test input (idempotent, acks=all).
+pub fn producer(servers: &str) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
+    Ok(rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()?)
+}
+
+/// Writes `(partition, key, value)` records to `topic` and waits until all are acknowledged.
+pub fn produce(
+    servers: &str,
+    topic: &str,
+    records: &[(i32, Vec<u8>, Vec<u8>)],
+) -> anyhow::Result<()> {
+    let producer = producer(servers)?;
+    for (partition, key, value) in records {
+        let mut record = BaseRecord::to(topic)
+            .partition(*partition)
+            .key(key)
+            .payload(value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60))?;
+    anyhow::ensure!(producer.in_flight_count() == 0, "input not acknowledged");
+    Ok(())
+}
+
+/// Every record of `topic` (`partitions` partitions) as (partition, offset, key, value), read
+/// up to the high watermarks taken when called.
+pub fn read_topic(
+    servers: &str,
+    topic: &str,
+    partitions: i32,
+) -> anyhow::Result<Vec<(i32, i64, Vec<u8>, Option<Vec<u8>>)>> {
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .set("group.id", "kstate-test-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()?;
+    let mut ends = BTreeMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(20))?;
+        if high > low {
+            ends.insert(p, high);
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+        }
+    }
+    let mut out = Vec::new();
+    if ends.is_empty() {
+        return Ok(out);
+    }
+    consumer.assign(&tpl)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ends.is_empty() {
+        anyhow::ensure!(Instant::now() < deadline, "reading {topic} timed out");
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let p = m.partition();
+                out.push((
+                    p,
+                    m.offset(),
+                    m.key().unwrap_or_default().to_vec(),
+                    m.payload().map(<[u8]>::to_vec),
+                ));
+                if ends.get(&p).is_some_and(|end| m.offset() + 1 >= *end) {
+                    ends.remove(&p);
+                }
+            }
+            Some(Err(e)) => anyhow::bail!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Waits until `done` returns true, checking every 100 ms, at most `limit`.
+pub fn wait_for(
+    what: &str,
+    limit: Duration,
+    mut done: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done()? {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The last decimal count per key in `records` (count_by_key's output).
+pub fn last_counts(records: &[(i32, i64, Vec<u8>, Option<Vec<u8>>)]) -> BTreeMap<Vec<u8>, u64> {
+    let mut last = BTreeMap::new();
+    for (_, _, key, value) in records {
+        if let Some(v) = value
+            && let Some(n) = std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+        {
+            let e = last.entry(key.clone()).or_insert(0);
+            *e = (*e).max(n);
+        }
+    }
+    last
+}
