@@ -16,6 +16,9 @@
 //! count per commit interval (Kafka Streams with caching on); without it every record's count
 //! goes out (caching off).
 //!
+//! `--consumer-property KEY=VALUE` (repeatable) passes a librdkafka property to the input
+//! consumers, e.g. `session.timeout.ms=6000` so that the group notices a killed copy sooner.
+//!
 //! `--guarantee exactly-once` is refused until the exactly-once mode lands.
 
 use std::path::PathBuf;
@@ -35,11 +38,12 @@ struct Args {
     threads: usize,
     commit_interval: Duration,
     coalesce: bool,
+    consumer_properties: Vec<(String, String)>,
 }
 
 const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC --output TOPIC \
     [--bootstrap-servers HOST:PORT] [--state-dir PATH] [--threads N] [--commit-interval-ms N] \
-    [--guarantee at-least-once|exactly-once] [--coalesce]";
+    [--guarantee at-least-once|exactly-once] [--coalesce] [--consumer-property KEY=VALUE]...";
 
 fn parse_args() -> Result<Args> {
     let mut bootstrap_servers = std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok();
@@ -48,6 +52,7 @@ fn parse_args() -> Result<Args> {
     let mut threads = 1;
     let mut commit_interval = Duration::from_millis(100);
     let mut coalesce = false;
+    let mut consumer_properties = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--coalesce" {
@@ -63,6 +68,12 @@ fn parse_args() -> Result<Args> {
             "--input" => input = Some(value),
             "--output" => output = Some(value),
             "--state-dir" => state_dir = Some(PathBuf::from(value)),
+            "--consumer-property" => {
+                let (key, value) = value
+                    .split_once('=')
+                    .with_context(|| format!("--consumer-property {value}: expected KEY=VALUE"))?;
+                consumer_properties.push((key.to_string(), value.to_string()));
+            }
             "--threads" => threads = value.parse().context("--threads")?,
             "--commit-interval-ms" => {
                 commit_interval =
@@ -91,6 +102,7 @@ fn parse_args() -> Result<Args> {
         threads,
         commit_interval,
         coalesce,
+        consumer_properties,
     })
 }
 
@@ -152,6 +164,9 @@ async fn run(args: Args) -> Result<()> {
         .threads(args.threads)
         .commit_interval(args.commit_interval)
         .restore_listener(std::sync::Arc::new(PrintRestores));
+    for (key, value) in &args.consumer_properties {
+        builder.consumer_property(key.clone(), value.clone());
+    }
     let counts = builder.store::<Vec<u8>, u64>(
         "counts",
         StoreOptions {
@@ -188,7 +203,7 @@ async fn run(args: Args) -> Result<()> {
     // The workers commit and close on their own threads; wait for them off the runtime.
     let running = std::sync::Arc::new(running);
     let waiting = running.clone();
-    tokio::task::spawn_blocking(move || waiting.wait()).await??;
+    tokio::task::spawn_blocking(move || waiting.wait().map_err(anyhow::Error::from)).await??;
     match running.state() {
         AppState::Failed(message) => bail!("count_by_key failed: {message}"),
         _ => {

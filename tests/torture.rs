@@ -169,7 +169,10 @@ impl Model {
         let at_acked = folded.clone();
         // Anything of this generation in the store bounds how far the prefix can reach.
         let newest = store.values().filter(|v| **v >= base).max().copied();
-        let max_len = newest.map_or(0, |v| v - base + 1).max(acked_len) + 8;
+        // A child writes far fewer than a million mutations before it is killed: a store value
+        // past that is itself a wrong state, reported below instead of searched for.
+        let max_len =
+            (newest.map_or(0, |v| v - base + 1).max(acked_len) + 8).min(acked_len + 1_000_000);
         let differs = |folded: &BTreeMap<u64, u64>, k: u64| folded.get(&k) != store.get(&k);
         let mut mismatched: usize = (0..KEYS).filter(|k| differs(&folded, *k)).count();
         let mut len = acked_len;
@@ -188,7 +191,7 @@ impl Model {
                     .collect();
                 return Err(format!(
                     "no prefix of at least {acked_len} mutations of generation {base} matches \
-                     the store; e.g. {examples:?}"
+                     the store (newest value of this generation: {newest:?}); e.g. {examples:?}"
                 ));
             }
             let s = base + len;

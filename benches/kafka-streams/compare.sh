@@ -6,9 +6,17 @@
 #   2. a Kafka Streams app (this folder's jar, `restore` mode) restores the very same topic into
 #      its own persistent (RocksDB) store;
 #   3. the same app in `puts` mode puts ROWS records into a logged store through a topology;
-#   4. the last two lines compare the rates:
+#   4. end to end, on a fresh E2E_PARTITIONS-partition input of E2E_ROWS keyed records (10,000
+#      keys): `groupByKey().count()` to an output topic in Kafka Streams (caching off, then on)
+#      and kstate's count-by-key task (`examples/e2e.rs kstate`, coalescing off, then on), and a
+#      bare rdkafka pipe doing the same broker work with no state (consume one, produce two);
+#      each measured by `e2e measure` from its output topic's broker append times;
+#   5. the last lines compare the rates:
 #        restore kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        puts kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
+#        e2e-alos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
+#        e2e-alos-cached kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
+#        e2e-pipe rdkafka=<r>/s kstate=<r>/s ratio=<kstate/rdkafka>
 #
 # ROWS: the first argument, else $ROWS, else 1000000.
 # Environment:
@@ -17,6 +25,10 @@
 #   KSTATE_ROWS_PER_SECOND   kstate's example binary (default
 #                            $HOME/.cache/kstate-target/release/examples/rows_per_second)
 #   KS_JAVA_OPTS             extra JVM options for the Kafka Streams runs (space-separated)
+#   E2E_ROWS                 records of the end-to-end runs (default: ROWS)
+#   E2E_PARTITIONS           the end-to-end input's partitions (default 4)
+#   ONLY=e2e                 run only the end-to-end part (4.)
+#   KSTATE_E2E               kstate's e2e example binary (default next to rows_per_second)
 #   KEEP_TOPICS=1            keep the topics (and consumer groups) instead of deleting them
 #   LOG_DIR                  where the raw outputs go (default: a new temp dir, kept)
 set -euo pipefail
@@ -27,6 +39,10 @@ KAFKA_SCRIPT=$ROOT/scripts/kafka
 ROWS=${1:-${ROWS:-1000000}}
 ROWS=${ROWS//_/}
 KSTATE_BIN=${KSTATE_ROWS_PER_SECOND:-$HOME/.cache/kstate-target/release/examples/rows_per_second}
+E2E_BIN=${KSTATE_E2E:-$(dirname "$KSTATE_BIN")/e2e}
+E2E_ROWS=${E2E_ROWS:-$ROWS}
+E2E_PARTITIONS=${E2E_PARTITIONS:-4}
+ONLY=${ONLY:-all}
 JAR=$HERE/target/kstate-kafka-streams-bench.jar
 STORE=store
 APP=kstate-vs-ks-$(date +%s)-$$
@@ -40,9 +56,9 @@ die() { printf 'compare.sh: error: %s\n' "$*" >&2; exit 1; }
 
 [[ $ROWS =~ ^[1-9][0-9]*$ ]] || die "ROWS must be a positive whole number (got '$ROWS')"
 
-if [[ ! -x $KSTATE_BIN ]]; then
+if [[ ! -x $KSTATE_BIN || ! -x $E2E_BIN ]]; then
     cat >&2 <<EOF
-compare.sh: kstate's example binary is missing: $KSTATE_BIN
+compare.sh: kstate's example binaries are missing: $KSTATE_BIN, $E2E_BIN
 Build it with:
   cd $ROOT && CARGO_TARGET_DIR=\$HOME/.cache/kstate-target cargo build --release --workspace --all-targets
 (or set KSTATE_ROWS_PER_SECOND to a built rows_per_second binary)
@@ -113,6 +129,7 @@ field() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 rate() { awk -v n="$1" -v ms="$2" 'BEGIN { printf "%.0f", n / (ms / 1000) }'; }
 
+if [[ $ONLY != e2e ]]; then
 # ------------------------------------------------------------------ a. kstate
 
 log "a. kstate: rows_per_second --configs logged-group --rows $ROWS --restore-topic $CHANGELOG"
@@ -156,15 +173,75 @@ ks_acked=$(sed -n 's/^kafka-streams puts changelog-acked rows=[0-9]* ms=[0-9]* r
     "$LOG_DIR/kafka-streams-puts.log" | tail -n 1)
 touch_lease
 
-# ------------------------------------------------------------------ d. the comparison
+fi
+
+# ------------------------------------------------------------------ d. end to end
+
+e2e() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$E2E_BIN" "$@"; }
+e2e_rate() {
+    field "$1" 's/^e2e output=.* records_per_sec=\([0-9]*\)$/\1/p' "e2e measure line"
+}
+E2E_IN=$APP-e2e-in
+log "d. end to end: $E2E_ROWS records into $E2E_IN ($E2E_PARTITIONS partitions)"
+e2e setup --input "$E2E_IN" --partitions "$E2E_PARTITIONS" --rows "$E2E_ROWS" 2>&1 |
+    tee "$LOG_DIR/e2e-setup.log"
+# run NAME EXPECT COMMAND...: a fresh LogAppendTime output topic $APP-NAME-out, the command, the
+# measure; leaves the rate in $LOG_DIR/NAME.measure.
+e2e_run() {
+    local name=$1 expect=$2
+    shift 2
+    local out=$APP-$name-out
+    e2e output --topic "$out" --partitions "$E2E_PARTITIONS"
+    log "d. $name"
+    "$@" --output "$out" 2>&1 | tee "$LOG_DIR/$name.log"
+    e2e measure --output "$out" --partitions "$E2E_PARTITIONS" --rows "$E2E_ROWS" \
+        --expect "$expect" | tee "$LOG_DIR/$name.measure"
+    touch_lease
+}
+ks_e2e() {
+    java "${JAVA_OPTS[@]}" -jar "$JAR" e2e --bootstrap "$BOOTSTRAP" --input "$E2E_IN" \
+        --rows "$E2E_ROWS" "$@"
+}
+e2e_run ks-uncached records ks_e2e --application-id "$APP-ks-uncached" --caching off
+e2e_run kstate-uncached records e2e kstate --input "$E2E_IN" --rows "$E2E_ROWS" \
+    --application-id "$APP-kstate-uncached"
+e2e_run ks-cached counts ks_e2e --application-id "$APP-ks-cached" --caching on
+e2e_run kstate-cached counts e2e kstate --input "$E2E_IN" --rows "$E2E_ROWS" \
+    --application-id "$APP-kstate-cached" --coalesce
+e2e_run pipe records e2e pipe --input "$E2E_IN" --rows "$E2E_ROWS" --application-id "$APP-pipe"
+e2e_ks=$(e2e_rate "$LOG_DIR/ks-uncached.measure")
+e2e_kstate=$(e2e_rate "$LOG_DIR/kstate-uncached.measure")
+e2e_ks_cached=$(e2e_rate "$LOG_DIR/ks-cached.measure")
+e2e_kstate_cached=$(e2e_rate "$LOG_DIR/kstate-cached.measure")
+e2e_pipe=$(e2e_rate "$LOG_DIR/pipe.measure")
+if [[ ${KEEP_TOPICS:-0} == 0 ]]; then
+    e2e_topics=("$E2E_IN")
+    for name in ks-uncached kstate-uncached ks-cached kstate-cached pipe; do
+        e2e_topics+=("$APP-$name-out")
+    done
+    e2e_topics+=("$APP-kstate-uncached-counts-changelog" "$APP-kstate-cached-counts-changelog"
+        "$APP-pipe-shadow-changelog" "$APP-ks-uncached-counts-changelog"
+        "$APP-ks-cached-counts-changelog")
+    for topic in "${e2e_topics[@]}"; do
+        "$KAFKA_SCRIPT" run-class org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" \
+            --delete --if-exists --topic "$topic" >/dev/null 2>&1 || log "could not delete $topic"
+    done
+fi
+
+# ------------------------------------------------------------------ e. the comparison
 
 echo
-if [[ -n $ks_acked ]]; then
+if [[ $ONLY != e2e && -n $ks_acked ]]; then
     # Secondary: each side's clock until the changelog holds every put (kstate: put calls plus
     # close; kafka-streams: first put until the changelog's end offset reaches ROWS).
     kstate_durable=$(rate "$ROWS" $((kstate_puts_ms + kstate_flush_ms)))
     echo "puts-until-changelog-complete kafka-streams=$ks_acked/s kstate=$kstate_durable/s" \
         "ratio=$(ratio "$kstate_durable" "$ks_acked")"
 fi
-echo "restore kafka-streams=$ks_restore/s kstate=$kstate_restore/s ratio=$(ratio "$kstate_restore" "$ks_restore")"
-echo "puts kafka-streams=$ks_puts/s kstate=$kstate_puts/s ratio=$(ratio "$kstate_puts" "$ks_puts")"
+if [[ $ONLY != e2e ]]; then
+    echo "restore kafka-streams=$ks_restore/s kstate=$kstate_restore/s ratio=$(ratio "$kstate_restore" "$ks_restore")"
+    echo "puts kafka-streams=$ks_puts/s kstate=$kstate_puts/s ratio=$(ratio "$kstate_puts" "$ks_puts")"
+fi
+echo "e2e-alos kafka-streams=$e2e_ks/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_ks")"
+echo "e2e-alos-cached kafka-streams=$e2e_ks_cached/s kstate=$e2e_kstate_cached/s ratio=$(ratio "$e2e_kstate_cached" "$e2e_ks_cached")"
+echo "e2e-pipe rdkafka=$e2e_pipe/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_pipe")"

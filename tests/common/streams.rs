@@ -10,6 +10,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
+/// A record read back: partition, offset, key, value.
+pub type ReadRecord = (i32, i64, Vec<u8>, Option<Vec<u8>>);
+
 /// A producer for test input (idempotent, acks=all).
 pub fn producer(servers: &str) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
     Ok(rdkafka::ClientConfig::new()
@@ -48,11 +51,7 @@ pub fn produce(
 
 /// Every record of `topic` (`partitions` partitions) as (partition, offset, key, value), read
 /// up to the high watermarks taken when called.
-pub fn read_topic(
-    servers: &str,
-    topic: &str,
-    partitions: i32,
-) -> anyhow::Result<Vec<(i32, i64, Vec<u8>, Option<Vec<u8>>)>> {
+pub fn read_topic(servers: &str, topic: &str, partitions: i32) -> anyhow::Result<Vec<ReadRecord>> {
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", servers)
         .set("group.id", "kstate-test-reader")
@@ -116,7 +115,7 @@ pub fn wait_for(
 }
 
 /// The last decimal count per key in `records` (count_by_key's output).
-pub fn last_counts(records: &[(i32, i64, Vec<u8>, Option<Vec<u8>>)]) -> BTreeMap<Vec<u8>, u64> {
+pub fn last_counts(records: &[ReadRecord]) -> BTreeMap<Vec<u8>, u64> {
     let mut last = BTreeMap::new();
     for (_, _, key, value) in records {
         if let Some(v) = value

@@ -61,7 +61,7 @@ pub enum TaskError {
         partition: i32,
         /// What went wrong.
         #[source]
-        source: ChangelogError,
+        source: Box<ChangelogError>,
     },
 
     /// The processor returned an error for a record or a timer.
@@ -86,4 +86,13 @@ pub enum TaskError {
         /// What happened.
         message: String,
     },
+}
+
+impl TaskError {
+    pub(crate) fn changelog(partition: i32, source: ChangelogError) -> Self {
+        TaskError::Changelog {
+            partition,
+            source: Box::new(source),
+        }
+    }
 }

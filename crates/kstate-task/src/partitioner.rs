@@ -56,7 +56,7 @@ mod tests {
                 b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
                 -58897971,
             ),
-            (&[b'a', b'b', b'c'], 479470107),
+            (b"abc", 479470107),
         ];
         for (key, expected) in cases {
             assert_eq!(murmur2(key) as i32, *expected, "key {key:?}");

@@ -226,10 +226,7 @@ impl<'a> Context<'a> {
     ) -> Result<(), TaskError> {
         self.producer
             .send_output(topic, partition, key, value, self.delivery_timeout)
-            .map_err(|source| TaskError::Changelog {
-                partition: self.task.partition,
-                source,
-            })
+            .map_err(|source| TaskError::changelog(self.task.partition, source))
     }
 
     /// Sends an output record at the next commit, to the task's partition of `topic`; within a

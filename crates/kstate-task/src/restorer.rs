@@ -60,6 +60,7 @@ impl RestoreListener for Both {
 const DIRECTORY_WAIT: Duration = Duration::from_secs(60);
 
 /// Restores one store; waits while RocksDB's lock on its directory is still held here.
+#[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
 fn restore_one(
     path: &Path,
     options: &RocksDbOptions,
@@ -123,10 +124,7 @@ pub(crate) fn run(
         job.progress.finish();
         let result = result
             .map(|()| restored)
-            .map_err(|source| TaskError::Changelog {
-                partition: job.partition,
-                source,
-            });
+            .map_err(|source| TaskError::changelog(job.partition, source));
         let finished = Done {
             id: job.id,
             partition: job.partition,

@@ -74,12 +74,10 @@ impl Task {
     ) -> Result<Task, TaskError> {
         let mut stores = Vec::with_capacity(specs.len());
         for (spec, restored) in specs.iter().zip(restored) {
-            let logged = Arc::new(LoggedStore::attach(restored, producer).map_err(|source| {
-                TaskError::Changelog {
-                    partition: id.partition,
-                    source,
-                }
-            })?);
+            let logged = Arc::new(
+                LoggedStore::attach(restored, producer)
+                    .map_err(|source| TaskError::changelog(id.partition, source))?,
+            );
             let cache = spec
                 .options
                 .coalesce
@@ -224,10 +222,7 @@ impl Task {
                     value.as_deref(),
                     self.delivery_timeout,
                 )
-                .map_err(|source| TaskError::Changelog {
-                    partition: self.id.partition,
-                    source,
-                })?;
+                .map_err(|source| TaskError::changelog(self.id.partition, source))?;
         }
         for store in &self.stores {
             if let Some(cache) = &store.cache {

@@ -364,10 +364,7 @@ fn commit_tasks(
     }
     producer
         .flush(timeout)
-        .map_err(|source| TaskError::Changelog {
-            partition: -1,
-            source,
-        })?;
+        .map_err(|source| TaskError::changelog(-1, source))?;
     let mut offsets = TopicPartitionList::new();
     for task in tasks.iter_mut() {
         task.commit_stores()?;
@@ -394,13 +391,8 @@ pub(crate) fn run(
     jobs: Sender<Job>,
 ) -> Result<(), TaskError> {
     let config = &app.config;
-    let producer =
-        SharedProducer::new(&config.changelog("outputs", 0, app.partitions)).map_err(|source| {
-            TaskError::Changelog {
-                partition: -1,
-                source,
-            }
-        })?;
+    let producer = SharedProducer::new(&config.changelog("outputs", 0, app.partitions))
+        .map_err(|source| TaskError::changelog(-1, source))?;
     let core = Arc::new(Mutex::new(Core {
         index,
         app: app.clone(),

@@ -77,6 +77,7 @@ public final class KafkaStreamsBench {
         switch (argv[0]) {
             case "restore" -> rc = restore(opts);
             case "puts" -> rc = puts(opts);
+            case "e2e" -> rc = e2e(opts);
             default -> {
                 usage();
                 rc = 2;
@@ -92,7 +93,9 @@ public final class KafkaStreamsBench {
                         + "  restore --bootstrap B --application-id APP --store STORE [--topology dsl|papi]"
                         + " [--delete-topics]\n"
                         + "  puts --bootstrap B --rows N [--application-id APP] [--store STORE]"
-                        + " [--topology papi|dsl] [--value-size BYTES] [--seed N] [--delete-topics]");
+                        + " [--topology papi|dsl] [--value-size BYTES] [--seed N] [--delete-topics]\n"
+                        + "  e2e --bootstrap B --application-id APP --input TOPIC --output TOPIC --rows N"
+                        + " [--caching on|off]");
     }
 
     private static Map<String, String> parse(String[] argv) {
@@ -291,6 +294,63 @@ public final class KafkaStreamsBench {
         }
         if (opts.containsKey("delete-topics")) {
             deleteTopicsAndGroup(bootstrap, app, List.of(input, changelog));
+        }
+        return rc;
+    }
+
+    /**
+     * The end-to-end topology of compare.sh's e2e lines: {@code groupByKey().count()} of the input
+     * to the output (count as decimal ASCII), caching off or on, commit.interval.ms=100 (kstate's
+     * default commit interval). Runs until the input's {@code rows} records have been read, then
+     * closes (flushing the cache and committing). The rate is measured from the output topic's
+     * append times by kstate's e2e example, the same way for both systems.
+     */
+    private static int e2e(Map<String, String> opts) throws Exception {
+        String bootstrap = required(opts, "bootstrap");
+        String app = required(opts, "application-id");
+        String input = required(opts, "input");
+        String output = required(opts, "output");
+        long rows = number(opts, "rows", 0);
+        boolean caching = opts.getOrDefault("caching", "off").equals("on");
+        Path stateDir = Files.createTempDirectory("kstate-ks-e2e-");
+        AtomicLong seen = new AtomicLong();
+        CountDownLatch done = new CountDownLatch(1);
+        Materialized<byte[], Long, KeyValueStore<org.apache.kafka.common.utils.Bytes, byte[]>> counts =
+                Materialized.<byte[], Long, KeyValueStore<org.apache.kafka.common.utils.Bytes, byte[]>>as("counts")
+                        .withKeySerde(Serdes.ByteArray())
+                        .withValueSerde(Serdes.Long());
+        counts = caching ? counts.withCachingEnabled() : counts.withCachingDisabled();
+        StreamsBuilder builder = new StreamsBuilder();
+        builder.stream(input, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                .peek((k, v) -> {
+                    if (seen.incrementAndGet() == rows) {
+                        done.countDown();
+                    }
+                })
+                .groupByKey(org.apache.kafka.streams.kstream.Grouped.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                .count(counts)
+                .toStream()
+                .mapValues(c -> Long.toString(c).getBytes(java.nio.charset.StandardCharsets.US_ASCII))
+                .to(output, org.apache.kafka.streams.kstream.Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
+        Properties props = streamsProps(bootstrap, app, stateDir);
+        props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 100);
+        props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, caching ? 10L * 1024 * 1024 : 0L);
+        KafkaStreams streams = new KafkaStreams(builder.build(), props);
+        AtomicReference<Throwable> failure = watch(streams);
+        int rc = 0;
+        try {
+            long start = System.nanoTime();
+            streams.start();
+            if (!await(done, failure, streams)) {
+                System.err.println("kafka-streams e2e: read " + seen.get() + " of " + rows + " records: "
+                        + (failure.get() != null ? failure.get() : "state " + streams.state()));
+                rc = 1;
+            } else {
+                System.out.printf("kafka-streams e2e read %d records in %.0f ms from start (caching %s)%n", rows,
+                        (System.nanoTime() - start) / 1e6, caching ? "on" : "off");
+            }
+        } finally {
+            closeAndClean(streams, stateDir);
         }
         return rc;
     }

@@ -1,0 +1,339 @@
+//! The task runtime across processes, under SIGKILL: copies of `examples/count_by_key` share a
+//! 12-partition input while a producer writes keyed records; copies are killed and restarted at
+//! random, one is added and one stopped gracefully mid-run. At the end:
+//! - no input record's effect is missing: every key's final count ≥ its true count (kills make
+//!   at-least-once replay some records twice; the in-process tests check equality without kills);
+//! - every partition was processed;
+//! - no restore rebuilt a store, and a restore in a directory that had restored that task
+//!   before started at or after that earlier restore's end: only the tail is replayed;
+//! - the copy stopped gracefully exited 0.
+//!
+//! CI runs about 25 seconds of this; `KSTATE_FAILOVER_SECONDS` runs longer.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use common::streams::{last_counts, produce, read_topic, wait_for};
+use kstate_test_broker::unique_topic;
+use rand::{Rng, SeedableRng};
+
+const PARTITIONS: i32 = 12;
+const KEYS: usize = 240;
+
+/// The example binary, built by `cargo test` next to the test binaries.
+fn example_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let release = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test binary has no target directory")?;
+    let binary = release.join("examples").join("count_by_key");
+    anyhow::ensure!(
+        binary.exists(),
+        "{} is missing: build it with `cargo test --release` (which builds the examples) or \
+         `cargo build --release --example count_by_key`",
+        binary.display()
+    );
+    Ok(binary)
+}
+
+/// One copy of the example: a slot with its own state directory, restarted in place.
+struct Copy {
+    slot: usize,
+    state_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    starts: usize,
+}
+
+struct Run {
+    binary: PathBuf,
+    servers: String,
+    app_id: String,
+    input: String,
+    output: String,
+}
+
+impl Run {
+    fn spawn(&self, copy: &mut Copy) -> anyhow::Result<()> {
+        copy.starts += 1;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&copy.log)?;
+        let child = Command::new(&self.binary)
+            .args([
+                "--bootstrap-servers",
+                &self.servers,
+                "--application-id",
+                &self.app_id,
+                "--input",
+                &self.input,
+                "--output",
+                &self.output,
+                "--threads",
+                "2",
+                "--commit-interval-ms",
+                "100",
+                "--consumer-property",
+                "session.timeout.ms=6000",
+                "--consumer-property",
+                "heartbeat.interval.ms=1000",
+            ])
+            .arg("--state-dir")
+            .arg(&copy.state_dir)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        copy.child = Some(child);
+        Ok(())
+    }
+}
+
+/// A restore line of the example: `restore <topic>/<p> from <start> to <end> (rebuild: <r>)`.
+#[derive(Debug)]
+struct RestoreLine {
+    partition: i32,
+    start: i64,
+    end: i64,
+    rebuild: String,
+}
+
+fn restore_lines(log: &Path) -> anyhow::Result<Vec<RestoreLine>> {
+    let text = std::fs::read_to_string(log)?;
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("count_by_key: restore ") else {
+            continue;
+        };
+        let parse = || -> Option<RestoreLine> {
+            let (topic_partition, rest) = rest.split_once(" from ")?;
+            let (start, rest) = rest.split_once(" to ")?;
+            let (end, rest) = rest.split_once(" (rebuild: ")?;
+            Some(RestoreLine {
+                partition: topic_partition.rsplit_once('/')?.1.parse().ok()?,
+                start: start.parse().ok()?,
+                end: end.parse().ok()?,
+                rebuild: rest.trim_end_matches(')').to_string(),
+            })
+        };
+        lines.push(parse().with_context(|| format!("unparsable restore line: {line}"))?);
+    }
+    Ok(lines)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> anyhow::Result<()> {
+    let seconds: u64 = std::env::var("KSTATE_FAILOVER_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(25);
+    let seed: u64 = std::env::var("KSTATE_FAILOVER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("failover: {seconds} s, seed {seed} (KSTATE_FAILOVER_SEED to repeat)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let run = Run {
+        binary: example_binary()?,
+        servers: servers.clone(),
+        app_id: unique_topic("failover"),
+        input: unique_topic("failover-in"),
+        output: unique_topic("failover-out"),
+    };
+    common::create_topic(&servers, &run.input, PARTITIONS, "delete").await?;
+    common::create_topic(&servers, &run.output, PARTITIONS, "delete").await?;
+    let dir = tempfile::tempdir()?;
+    let mut copies: Vec<Copy> = (0..4)
+        .map(|slot| Copy {
+            slot,
+            state_dir: dir.path().join(format!("copy-{slot}")),
+            log: dir.path().join(format!("copy-{slot}.log")),
+            child: None,
+            starts: 0,
+        })
+        .collect();
+    for copy in copies.iter_mut().take(3) {
+        run.spawn(copy)?;
+    }
+
+    // The producer: keyed records, key k always in partition k % 12, for the whole run.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let (servers, input, stop) = (servers.clone(), run.input.clone(), stop.clone());
+        std::thread::spawn(move || -> anyhow::Result<BTreeMap<Vec<u8>, u64>> {
+            let mut truth = BTreeMap::new();
+            let mut i = 0usize;
+            while !stop.load(Ordering::Acquire) {
+                let batch: Vec<(i32, Vec<u8>, Vec<u8>)> = (0..200)
+                    .map(|j| {
+                        let k = (i + j) * 31 % KEYS;
+                        (
+                            (k as i32) % PARTITIONS,
+                            format!("key-{k}").into_bytes(),
+                            vec![b'v'],
+                        )
+                    })
+                    .collect();
+                produce(&servers, &input, &batch)?;
+                for (_, key, _) in &batch {
+                    *truth.entry(key.clone()).or_insert(0) += 1;
+                }
+                i += batch.len();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(truth)
+        })
+    };
+
+    // Chaos: kill and restart copies at random; add the fourth copy a third of the way in, and
+    // stop one gracefully at two thirds.
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(seconds);
+    let (mut added, mut stopped_gracefully, mut kills) = (false, None, 0);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(rng.random_range(1_000..3_000)));
+        let elapsed = started.elapsed().as_secs_f64() / seconds as f64;
+        if !added && elapsed > 0.33 {
+            run.spawn(&mut copies[3])?;
+            added = true;
+            continue;
+        }
+        if stopped_gracefully.is_none() && elapsed > 0.66 {
+            let copy = &mut copies[1];
+            let mut child = copy.child.take().context("copy 1 not running")?;
+            let pid = child.id().to_string();
+            Command::new("kill").args(["-TERM", &pid]).status()?;
+            let status = child.wait()?;
+            stopped_gracefully = Some(status);
+            continue;
+        }
+        // Kill a running copy (never the one stopped gracefully) and restart it.
+        let candidates: Vec<usize> = copies
+            .iter()
+            .filter(|c| c.child.is_some())
+            .map(|c| c.slot)
+            .collect();
+        let slot = candidates[rng.random_range(0..candidates.len())];
+        let copy = &mut copies[slot];
+        if let Some(mut child) = copy.child.take() {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "copy {slot} exited by itself ({status}); its log:\n{}",
+                    std::fs::read_to_string(&copy.log)?
+                );
+            }
+            child.kill()?; // SIGKILL
+            child.wait()?;
+            kills += 1;
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1_000)));
+        run.spawn(copy)?;
+    }
+    stop.store(true, Ordering::Release);
+    let truth = producer.join().expect("producer thread")?;
+    let total: u64 = truth.values().sum();
+    eprintln!("failover: {total} records, {kills} kills");
+
+    // Everything the producer wrote gets processed by the copies still running.
+    let outcome = wait_for(
+        "every key's count to reach its true count",
+        Duration::from_secs(180),
+        || {
+            let counts = last_counts(&read_topic(&servers, &run.output, PARTITIONS)?);
+            Ok(truth
+                .iter()
+                .all(|(k, n)| counts.get(k).is_some_and(|c| c >= n)))
+        },
+    );
+    let mut final_exits = Vec::new();
+    for copy in &mut copies {
+        if let Some(mut child) = copy.child.take() {
+            Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()?;
+            final_exits.push((copy.slot, child.wait()?));
+        }
+    }
+    if let Err(e) = outcome {
+        let counts = last_counts(&read_topic(&servers, &run.output, PARTITIONS)?);
+        let short: Vec<_> = truth
+            .iter()
+            .filter(|(k, n)| counts.get(*k).is_none_or(|c| c < *n))
+            .take(10)
+            .map(|(k, n)| {
+                (
+                    String::from_utf8_lossy(k).to_string(),
+                    *n,
+                    counts.get(k).copied(),
+                )
+            })
+            .collect();
+        let mut logs = String::new();
+        for copy in &copies {
+            logs += &format!(
+                "--- copy {} ---\n{}\n",
+                copy.slot,
+                std::fs::read_to_string(&copy.log).unwrap_or_default()
+            );
+        }
+        bail!("{e}; keys short (key, true, counted): {short:?}\n{logs}");
+    }
+
+    // Every partition was processed.
+    let out = read_topic(&servers, &run.output, PARTITIONS)?;
+    for p in 0..PARTITIONS {
+        assert!(out.iter().any(|r| r.0 == p), "partition {p} has no output");
+    }
+    // Every copy still running at the end stops cleanly on SIGTERM.
+    for (slot, status) in final_exits {
+        assert!(
+            status.success(),
+            "copy {slot} exited {status} on SIGTERM; its log:\n{}",
+            std::fs::read_to_string(&copies[slot].log)?
+        );
+    }
+    // The graceful stop ended cleanly.
+    let status = stopped_gracefully.context("no copy was stopped gracefully")?;
+    assert!(
+        status.success(),
+        "the copy stopped with SIGTERM exited {status}"
+    );
+    // Restores: never a rebuild; in a directory that restored a task before, only the tail.
+    let mut restores = 0;
+    for copy in &copies {
+        let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
+        for line in restore_lines(&copy.log)? {
+            restores += 1;
+            assert_eq!(line.rebuild, "none", "copy {}: {line:?}", copy.slot);
+            if let Some(previous_end) = ends.get(&line.partition) {
+                assert!(
+                    line.start >= *previous_end,
+                    "copy {}: task {} restored from {} though an earlier restore reached {}",
+                    copy.slot,
+                    line.partition,
+                    line.start,
+                    previous_end
+                );
+            }
+            ends.insert(line.partition, line.end);
+        }
+    }
+    eprintln!("failover: {restores} restores checked");
+    assert!(
+        restores >= PARTITIONS as usize,
+        "{restores} restores logged"
+    );
+    Ok(())
+}
