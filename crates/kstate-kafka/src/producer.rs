@@ -25,7 +25,6 @@ use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::util::Timeout;
 
 use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
@@ -232,10 +231,35 @@ pub(crate) enum Delivery {
 /// Outputs sent through a [`SharedProducer`] and what became of them.
 #[derive(Debug, Default)]
 struct OutputAcks {
-    sent: std::sync::atomic::AtomicU64,
-    delivered: std::sync::atomic::AtomicU64,
+    counts: Mutex<OutputCounts>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct OutputCounts {
+    sent: u64,
+    /// Delivered or failed: no longer in flight.
+    settled: u64,
     /// The first output that could not be delivered.
-    failed: Mutex<Option<String>>,
+    failed: Option<String>,
+    waiters: u32,
+}
+
+impl OutputAcks {
+    fn lock(&self) -> MutexGuard<'_, OutputCounts> {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn settled(&self, failure: Option<String>) {
+        let mut counts = self.lock();
+        counts.settled += 1;
+        if counts.failed.is_none() {
+            counts.failed = failure;
+        }
+        if counts.waiters > 0 {
+            self.changed.notify_all();
+        }
+    }
 }
 
 /// The producer's context: routes delivery reports.
@@ -262,23 +286,12 @@ impl ProducerContext for Router {
                     ),
                 })
             }
-            (Delivery::Output, Ok(_)) => {
-                self.outputs.delivered.fetch_add(1, Ordering::AcqRel);
-            }
-            (Delivery::Output, Err((error, message))) => {
-                let mut failed = self
-                    .outputs
-                    .failed
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if failed.is_none() {
-                    *failed = Some(format!(
-                        "output to {}/{} was not delivered: {error}",
-                        message.topic(),
-                        message.partition()
-                    ));
-                }
-            }
+            (Delivery::Output, Ok(_)) => self.outputs.settled(None),
+            (Delivery::Output, Err((error, message))) => self.outputs.settled(Some(format!(
+                "output to {}/{} was not delivered: {error}",
+                message.topic(),
+                message.partition()
+            ))),
         }
     }
 }
@@ -413,38 +426,53 @@ impl SharedProducer {
             operation: "send output",
             source,
         })?;
-        self.outputs.sent.fetch_add(1, Ordering::AcqRel);
+        self.outputs.lock().sent += 1;
         Ok(())
     }
 
-    /// Sends everything queued now and waits until the broker acknowledged it: every output
-    /// and every changelog record sent so far. Fails if an output was not delivered (changelog
-    /// failures poison their stores instead, and their commits say so).
+    /// Waits until the broker acknowledged every output sent so far; fails if one was not
+    /// delivered. Changelog records are waited for by their stores' commits.
+    ///
+    /// Not librdkafka's flush: that serves delivery reports on the calling thread while the
+    /// producer's own thread serves them too, and two threads handing out reports can deliver a
+    /// partition's acknowledgements out of order (seen: the stores' order check caught it).
+    /// Batches go out after the producer's linger (1 ms by default) instead.
     pub fn flush(&self, timeout: Duration) -> Result<(), ChangelogError> {
-        let flushed = self.inner.flush(Timeout::After(timeout));
-        if let Some(message) = self
-            .outputs
-            .failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-        {
-            return Err(ChangelogError::OutputFailed { message });
+        let deadline = Instant::now() + timeout;
+        let mut counts = self.outputs.lock();
+        loop {
+            if let Some(message) = &counts.failed {
+                return Err(ChangelogError::OutputFailed {
+                    message: message.clone(),
+                });
+            }
+            if counts.settled >= counts.sent {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ChangelogError::OutputFailed {
+                    message: format!(
+                        "{} outputs not acknowledged within {timeout:?}",
+                        counts.sent - counts.settled
+                    ),
+                });
+            }
+            counts.waiters += 1;
+            counts = self
+                .outputs
+                .changed
+                .wait_timeout(counts, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            counts.waiters -= 1;
         }
-        flushed.map_err(|source| ChangelogError::Kafka {
-            topic: "(outputs)".into(),
-            partition: -1,
-            operation: "flush producer",
-            source,
-        })
     }
 
-    /// Outputs sent and acknowledged so far.
-    pub fn outputs_delivered(&self) -> (u64, u64) {
-        (
-            self.outputs.sent.load(Ordering::Acquire),
-            self.outputs.delivered.load(Ordering::Acquire),
-        )
+    /// Outputs sent, and settled (delivered or failed), so far.
+    pub fn outputs(&self) -> (u64, u64) {
+        let counts = self.outputs.lock();
+        (counts.sent, counts.settled)
     }
 
     /// Records queued or in flight.

@@ -142,7 +142,9 @@ pub(crate) fn consumer_config(config: &AppConfig) -> ClientConfig {
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         // Outputs of an exactly-once upstream must not be read before they commit.
-        .set("isolation.level", "read_committed");
+        .set("isolation.level", "read_committed")
+        // Consumer lag per task, as a metric (see the worker's statistics callback).
+        .set("statistics.interval.ms", "5000");
     match config.group_protocol {
         GroupProtocol::CooperativeSticky => {
             client.set("partition.assignment.strategy", "cooperative-sticky");

@@ -65,7 +65,24 @@ pub(crate) struct WorkerContext {
     core: Arc<Mutex<Core>>,
 }
 
-impl ClientContext for WorkerContext {}
+impl ClientContext for WorkerContext {
+    /// Consumer lag per task, from librdkafka's statistics (every 5 s): the `metrics` gauge
+    /// `kstate_task_consumer_lag{topic, partition}`.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        for (topic, t) in &statistics.topics {
+            for (partition, p) in &t.partitions {
+                if *partition >= 0 && p.consumer_lag >= 0 {
+                    metrics::gauge!(
+                        "kstate_task_consumer_lag",
+                        "topic" => topic.clone(),
+                        "partition" => partition.to_string()
+                    )
+                    .set(p.consumer_lag as f64);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for WorkerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -422,25 +439,18 @@ pub(crate) fn run(
         })?;
 
     let mut next_commit = Instant::now() + config.commit_interval;
+    // Records are polled back to back while there are any; the rest (finished restores, timers,
+    // the commit) is looked after at most every millisecond, or whenever the input is idle.
+    let mut wait = Duration::ZERO;
+    let mut next_chores = Instant::now();
     while !app.stopping() {
-        let now = Instant::now();
-        let mut wake = next_commit;
-        {
-            let core = lock(&core);
-            if let Some(t) = core.next_timer() {
-                wake = wake.min(t);
-            }
-            if !core.restoring.is_empty() {
-                wake = wake.min(now + Duration::from_millis(20));
-            }
-        }
-        let timeout = wake
-            .saturating_duration_since(now)
-            .min(Duration::from_millis(100));
-        let polled = consumer.poll(timeout);
+        let polled = consumer.poll(wait);
         let mut core = lock(&core);
-        match polled {
-            Some(Ok(message)) => core.on_record(&message),
+        let idle = match polled {
+            Some(Ok(message)) => {
+                core.on_record(&message);
+                false
+            }
             Some(Err(e)) => {
                 if let rdkafka::error::KafkaError::MessageConsumption(code) = &e
                     && *code == rdkafka::types::RDKafkaErrorCode::Fatal
@@ -454,14 +464,21 @@ pub(crate) fn run(
                 } else {
                     tracing::warn!(worker = index, error = %e, "consumer error");
                 }
+                true
             }
-            None => {}
+            None => true,
+        };
+        wait = Duration::ZERO;
+        let now = Instant::now();
+        if !idle && now < next_chores && core.failed.is_none() {
+            continue;
         }
+        next_chores = now + Duration::from_millis(1);
         while let Ok(finished) = done.try_recv() {
             core.on_restored(&consumer, finished);
         }
         core.fire_timers();
-        if Instant::now() >= next_commit && core.failed.is_none() {
+        if now >= next_commit && core.failed.is_none() {
             let core = &mut *core;
             let mut tasks: Vec<&mut Task> = core.tasks.values_mut().collect();
             if let Err(e) = commit_tasks(
@@ -474,6 +491,19 @@ pub(crate) fn run(
                 core.fail(e);
             }
             next_commit = Instant::now() + config.commit_interval;
+        }
+        if idle {
+            // Nothing to read: sleep in the poll until the next commit, timer or restore check.
+            let mut wake = next_commit;
+            if let Some(t) = core.next_timer() {
+                wake = wake.min(t);
+            }
+            if !core.restoring.is_empty() {
+                wake = wake.min(now + Duration::from_millis(20));
+            }
+            wait = wake
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100));
         }
         if core.failed.is_some() {
             break;
