@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use kstate::kstate_core::BoxError;
-use kstate::kstate_kafka::{RestoreListener, RestoreStart};
+use kstate::kstate_kafka::{RestoreListener, RestoreReport, RestoreStart};
 use kstate::kstate_task::{App, AppState, Context, Processor, Record, StoreHandle, StoreOptions};
 
 struct Args {
@@ -106,8 +106,9 @@ fn parse_args() -> Result<Args> {
     })
 }
 
-/// Prints one line per store restore to stderr, for operators and for the failover test:
-/// `count_by_key: restore <topic>/<partition> from <start> to <end> (rebuild: <why or none>)`.
+/// Prints two lines per store restore to stderr, for operators and for the failover test:
+/// `count_by_key: restore <topic>/<partition> from <start> to <end> (rebuild: <why or none>)`
+/// when it starts, `count_by_key: restored <topic>/<partition> to <end> (<n> records)` when done.
 struct PrintRestores;
 
 impl RestoreListener for PrintRestores {
@@ -119,6 +120,13 @@ impl RestoreListener for PrintRestores {
             start.start_offset,
             start.end_offset,
             start.rebuild_reason.as_deref().unwrap_or("none")
+        );
+    }
+
+    fn on_restore_end(&self, report: &RestoreReport) {
+        eprintln!(
+            "count_by_key: restored {}/{} to {} ({} records)",
+            report.start.topic, report.start.partition, report.start.end_offset, report.records
         );
     }
 }

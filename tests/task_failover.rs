@@ -99,30 +99,46 @@ impl Run {
     }
 }
 
-/// A restore line of the example: `restore <topic>/<p> from <start> to <end> (rebuild: <r>)`.
+/// The restore lines of the example: `restore <topic>/<p> from <start> to <end> (rebuild: <r>)`
+/// when one starts, `restored <topic>/<p> to <end> (<n> records)` when it completed.
 #[derive(Debug)]
-struct RestoreLine {
-    partition: i32,
-    start: i64,
-    end: i64,
-    rebuild: String,
+enum RestoreLine {
+    Started {
+        partition: i32,
+        start: i64,
+        rebuild: String,
+    },
+    Completed {
+        partition: i32,
+        end: i64,
+    },
 }
 
 fn restore_lines(log: &Path) -> anyhow::Result<Vec<RestoreLine>> {
     let text = std::fs::read_to_string(log)?;
     let mut lines = Vec::new();
     for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("count_by_key: restored ") {
+            let parse = || -> Option<RestoreLine> {
+                let (topic_partition, rest) = rest.split_once(" to ")?;
+                Some(RestoreLine::Completed {
+                    partition: topic_partition.rsplit_once('/')?.1.parse().ok()?,
+                    end: rest.split_once(' ')?.0.parse().ok()?,
+                })
+            };
+            lines.push(parse().with_context(|| format!("unparsable restore line: {line}"))?);
+            continue;
+        }
         let Some(rest) = line.strip_prefix("count_by_key: restore ") else {
             continue;
         };
         let parse = || -> Option<RestoreLine> {
             let (topic_partition, rest) = rest.split_once(" from ")?;
             let (start, rest) = rest.split_once(" to ")?;
-            let (end, rest) = rest.split_once(" (rebuild: ")?;
-            Some(RestoreLine {
+            let (_end, rest) = rest.split_once(" (rebuild: ")?;
+            Some(RestoreLine::Started {
                 partition: topic_partition.rsplit_once('/')?.1.parse().ok()?,
                 start: start.parse().ok()?,
-                end: end.parse().ok()?,
                 rebuild: rest.trim_end_matches(')').to_string(),
             })
         };
@@ -310,24 +326,34 @@ async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> any
         status.success(),
         "the copy stopped with SIGTERM exited {status}"
     );
-    // Restores: never a rebuild; in a directory that restored a task before, only the tail.
+    // Restores: never a rebuild; in a directory where a restore of the task completed before,
+    // the next one starts at or after that restore's end (a completed restore is flushed, so a
+    // kill after it never replays it again): only the tail.
     let mut restores = 0;
     for copy in &copies {
-        let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
+        let mut completed: BTreeMap<i32, i64> = BTreeMap::new();
         for line in restore_lines(&copy.log)? {
-            restores += 1;
-            assert_eq!(line.rebuild, "none", "copy {}: {line:?}", copy.slot);
-            if let Some(previous_end) = ends.get(&line.partition) {
-                assert!(
-                    line.start >= *previous_end,
-                    "copy {}: task {} restored from {} though an earlier restore reached {}",
-                    copy.slot,
-                    line.partition,
-                    line.start,
-                    previous_end
-                );
+            match line {
+                RestoreLine::Started {
+                    partition,
+                    start,
+                    rebuild,
+                } => {
+                    restores += 1;
+                    assert_eq!(rebuild, "none", "copy {}, task {partition}", copy.slot);
+                    if let Some(previous_end) = completed.get(&partition) {
+                        assert!(
+                            start >= *previous_end,
+                            "copy {}: task {partition} restored from {start} though an earlier \
+                             restore completed at {previous_end}",
+                            copy.slot
+                        );
+                    }
+                }
+                RestoreLine::Completed { partition, end } => {
+                    completed.insert(partition, end);
+                }
             }
-            ends.insert(line.partition, line.end);
         }
     }
     eprintln!("failover: {restores} restores checked");

@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::streams::{last_counts, produce, read_topic, wait_for};
 use kstate::kstate_core::BoxError;
 use kstate::kstate_task::{
-    App, AppState, Context, Processor, Record, Running, StoreHandle, StoreOptions, TaskError,
-    TaskState, TimeKind, Timer,
+    App, AppState, Context, GroupProtocol, Processor, Record, Running, StoreHandle, StoreOptions,
+    TaskError, TaskState, TimeKind, Timer,
 };
 use kstate_test_broker::unique_topic;
 
@@ -72,8 +72,19 @@ fn start(
     threads: usize,
     coalesce: bool,
 ) -> anyhow::Result<(Running, StoreHandle<Vec<u8>, u64>)> {
+    start_with(s, state_dir, threads, coalesce, GroupProtocol::default())
+}
+
+fn start_with(
+    s: &Setup,
+    state_dir: &std::path::Path,
+    threads: usize,
+    coalesce: bool,
+    protocol: GroupProtocol,
+) -> anyhow::Result<(Running, StoreHandle<Vec<u8>, u64>)> {
     let mut builder = App::builder(s.app_id.clone(), s.servers.clone());
     builder
+        .group_protocol(protocol)
         .input(s.input.clone())
         .state_dir(state_dir)
         .threads(threads)
@@ -217,6 +228,26 @@ async fn partitions_move_between_members_without_losing_or_repeating_a_record() 
     );
     b.shutdown();
     b.wait()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kip_848_consumer_protocol_and_the_eager_one_count_correctly() -> anyhow::Result<()> {
+    for protocol in [GroupProtocol::Consumer, GroupProtocol::Eager] {
+        let s = setup(3).await?;
+        let dir = tempfile::tempdir()?;
+        let records = input(600, 30, s.partitions);
+        produce(&s.servers, &s.input, &records)?;
+        let (running, _) = start_with(&s, dir.path(), 2, false, protocol)?;
+        wait_for("every output", WAIT, || {
+            Ok(read_topic(&s.servers, &s.output, s.partitions)?.len() >= records.len())
+        })?;
+        let out = read_topic(&s.servers, &s.output, s.partitions)?;
+        assert_eq!(out.len(), records.len(), "{protocol:?}");
+        assert_eq!(last_counts(&out), true_counts(&records), "{protocol:?}");
+        running.shutdown();
+        running.wait()?;
+    }
     Ok(())
 }
 

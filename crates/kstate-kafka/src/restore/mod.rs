@@ -327,6 +327,12 @@ pub(crate) fn restore(
     } else {
         (0, 0)
     };
+    if records > 0 {
+        // The replayed batches sit in memtables (no WAL): a crash soon after the restore would
+        // replay them all again. One flush makes the restored position durable, so the next
+        // restore of this directory replays only what was written after it.
+        store.flush()?;
+    }
     let report = RestoreReport {
         start,
         records,
