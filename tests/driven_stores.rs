@@ -160,6 +160,7 @@ async fn a_follower_keeps_up_and_its_promotion_replays_nothing() -> anyhow::Resu
                 Some(recorder),
                 &stop,
             )
+            .map_err(anyhow::Error::from)
         })
     };
     // Written after the follower started: it applies them as they come.
