@@ -7,7 +7,8 @@
 //!   *p*.
 //! - `threads` workers, each one group member with one producer shared by all its tasks' stores
 //!   and outputs, and a restorer thread: new partitions are paused and restored while the worker
-//!   keeps processing its other tasks ([`worker`](crate) module docs).
+//!   keeps processing its other tasks (the `worker` module's docs say how rebalances are
+//!   handled).
 //! - At-least-once commit every `commit_interval`: outputs acknowledged, stores committed, input
 //!   offsets committed. After a crash the input replays from the last committed offset, so state
 //!   may hold some records' effects twice; the stores always restore to exactly what their
