@@ -172,7 +172,7 @@ impl LoggedStore {
             config,
             restored,
         } = restored;
-        let producer = ChangelogProducer::new(producer, &config);
+        let producer = ChangelogProducer::new(producer, &config)?;
         // One writer per partition: this store's first record must land where the restore
         // ended, each next one right after it.
         producer

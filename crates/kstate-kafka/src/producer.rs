@@ -2,10 +2,10 @@
 //!
 //! One [`SharedProducer`] serves any number of stores (and, in the task runtime, the task's
 //! outputs): a process with 100 partitions × 3 stores runs one producer per worker thread, not
-//! 300. Each record carries its route as the delivery opaque: the store's [`AckTracker`] and
-//! its sequence number, or the output counters.
+//! 300. Each record carries its route as the delivery opaque, a plain integer: the store's route
+//! id and its sequence number's low bits, or 0 for an output.
 //!
-//! Every record gets a sequence number (1, 2, ...) in send order, passed to librdkafka as the
+//! Every record gets a sequence number (1, 2, ...) in send order, whose low bits travel in the
 //! delivery opaque. With `enable.idempotence=true` and one partition, the broker acknowledges in
 //! send order, so "records up to sequence `n` are acknowledged" is one counter, and the commit
 //! protocol can ask for the exact offset of the last record of its snapshot. A failed delivery
@@ -179,19 +179,22 @@ impl AckTracker {
         }
     }
 
-    fn delivered(&self, seq: u64, offset: i64) {
+    /// Record `acked_seq + 1` (whose sequence number ends in the bits `seq_low`) landed at
+    /// `offset`.
+    fn delivered(&self, seq_low: u64, offset: i64) {
         let mut acks = self.lock();
         if acks.poisoned.is_some() {
             // Past a failed record nothing counts as acknowledged: a commit must never cover it.
             return;
         }
-        if seq != acks.acked_seq + 1 || offset < 0 {
+        let seq = acks.acked_seq + 1;
+        if seq & SEQ_MASK != seq_low || offset < 0 {
             // The idempotent producer acknowledges in order with real offsets; anything else
             // breaks the offset bookkeeping, so refuse to go on rather than store a wrong position.
             let reason = PoisonReason::OutOfOrder {
                 message: format!(
-                    "acknowledgement for record {seq} (offset {offset}) arrived after record {}",
-                    acks.acked_seq
+                    "acknowledgement for record ...{seq_low} (offset {offset}) arrived when record \
+                     {seq} was due"
                 ),
             };
             self.set_poisoned(&mut acks, reason);
@@ -220,12 +223,23 @@ impl AckTracker {
     }
 }
 
-/// Where a delivery report goes.
-pub(crate) enum Delivery {
-    /// A changelog record: its store's tracker and sequence number.
-    Changelog { tracker: Arc<AckTracker>, seq: u64 },
-    /// An output record of a task.
-    Output,
+/// Delivery opaques are plain integers, so that a record costs no allocation and no reference
+/// count on the hot path: 0 is an output; anything else is a store's route id (a slot in the
+/// router's table, never reused while the store exists) above `SEQ_BITS`, and the low `SEQ_BITS`
+/// bits of the record's sequence number. Acknowledgements of one store arrive in order, so its
+/// tracker knows which full sequence number the low bits belong to.
+const OUTPUT_OPAQUE: usize = 0;
+const SEQ_BITS: u32 = 40;
+pub(crate) const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+/// Route ids use the bits above `SEQ_BITS` (one spare).
+const MAX_ROUTE: u32 = (1 << (usize::BITS - SEQ_BITS - 1)) - 1;
+const _: () = assert!(usize::BITS == 64, "delivery opaques need 64-bit usize");
+
+/// The stores sending through one producer, by route id.
+#[derive(Debug, Default)]
+struct Routes {
+    last: u32,
+    trackers: std::collections::HashMap<u32, Arc<AckTracker>>,
 }
 
 /// Outputs sent through a [`SharedProducer`] and what became of them.
@@ -265,33 +279,42 @@ impl OutputAcks {
 /// The producer's context: routes delivery reports.
 pub(crate) struct Router {
     outputs: Arc<OutputAcks>,
+    routes: Arc<std::sync::RwLock<Routes>>,
 }
 
 impl ClientContext for Router {}
 
 impl ProducerContext for Router {
-    type DeliveryOpaque = Box<Delivery>;
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, route: Box<Delivery>) {
-        match (*route, result) {
-            (Delivery::Changelog { tracker, seq }, Ok(message)) => {
-                tracker.delivered(seq, message.offset())
-            }
-            (Delivery::Changelog { tracker, seq }, Err((error, message))) => {
-                tracker.poison(PoisonReason::DeliveryFailed {
-                    message: format!(
-                        "changelog {}/{}: record {seq} was not delivered: {error}",
-                        message.topic(),
-                        message.partition()
-                    ),
-                })
-            }
-            (Delivery::Output, Ok(_)) => self.outputs.settled(None),
-            (Delivery::Output, Err((error, message))) => self.outputs.settled(Some(format!(
-                "output to {}/{} was not delivered: {error}",
-                message.topic(),
-                message.partition()
-            ))),
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
+        if opaque == OUTPUT_OPAQUE {
+            let failure = result.as_ref().err().map(|(error, message)| {
+                format!(
+                    "output to {}/{} was not delivered: {error}",
+                    message.topic(),
+                    message.partition()
+                )
+            });
+            self.outputs.settled(failure);
+            return;
+        }
+        let route = (opaque >> SEQ_BITS) as u32;
+        let seq_low = opaque as u64 & SEQ_MASK;
+        let routes = self.routes.read().unwrap_or_else(PoisonError::into_inner);
+        // A store dropped with records in flight: nobody is waiting for them.
+        let Some(tracker) = routes.trackers.get(&route) else {
+            return;
+        };
+        match result {
+            Ok(message) => tracker.delivered(seq_low, message.offset()),
+            Err((error, message)) => tracker.poison(PoisonReason::DeliveryFailed {
+                message: format!(
+                    "changelog {}/{}: record ...{seq_low} was not delivered: {error}",
+                    message.topic(),
+                    message.partition()
+                ),
+            }),
         }
     }
 }
@@ -307,6 +330,7 @@ impl ProducerContext for Router {
 pub struct SharedProducer {
     inner: Arc<ThreadedProducer<Router>>,
     outputs: Arc<OutputAcks>,
+    routes: Arc<std::sync::RwLock<Routes>>,
     bootstrap_servers: Arc<str>,
 }
 
@@ -322,8 +346,10 @@ impl SharedProducer {
     /// A producer with `config`'s client settings.
     pub fn new(config: &ChangelogConfig) -> Result<Self, ChangelogError> {
         let outputs = Arc::new(OutputAcks::default());
+        let routes = Arc::new(std::sync::RwLock::new(Routes::default()));
         let context = Router {
             outputs: outputs.clone(),
+            routes: routes.clone(),
         };
         let mut client = config.client_config();
         // Defaults a user may override through `client_property`.
@@ -364,6 +390,7 @@ impl SharedProducer {
         Ok(SharedProducer {
             inner: Arc::new(producer),
             outputs,
+            routes,
             bootstrap_servers: config.bootstrap_servers.as_str().into(),
         })
     }
@@ -375,10 +402,10 @@ impl SharedProducer {
         partition: i32,
         key: &[u8],
         value: Option<&[u8]>,
-        route: Delivery,
+        opaque: usize,
         queue_timeout: Duration,
     ) -> Result<(), (KafkaError, Duration)> {
-        let mut record = BaseRecord::with_opaque_to(topic, Box::new(route))
+        let mut record = BaseRecord::with_opaque_to(topic, opaque)
             .partition(partition)
             .key(key);
         if let Some(value) = value {
@@ -412,20 +439,13 @@ impl SharedProducer {
         value: Option<&[u8]>,
         queue_timeout: Duration,
     ) -> Result<(), ChangelogError> {
-        self.send_routed(
-            topic,
-            partition,
-            key,
-            value,
-            Delivery::Output,
-            queue_timeout,
-        )
-        .map_err(|(source, _)| ChangelogError::Kafka {
-            topic: topic.to_string(),
-            partition,
-            operation: "send output",
-            source,
-        })?;
+        self.send_routed(topic, partition, key, value, OUTPUT_OPAQUE, queue_timeout)
+            .map_err(|(source, _)| ChangelogError::Kafka {
+                topic: topic.to_string(),
+                partition,
+                operation: "send output",
+                source,
+            })?;
         self.outputs.lock().sent += 1;
         Ok(())
     }
@@ -485,18 +505,46 @@ impl SharedProducer {
 pub(crate) struct ChangelogProducer {
     producer: SharedProducer,
     pub(crate) tracker: Arc<AckTracker>,
+    /// This store's route id, shifted into place for the delivery opaque.
+    route: usize,
     topic: String,
     partition: i32,
 }
 
 impl ChangelogProducer {
-    pub(crate) fn new(producer: SharedProducer, config: &ChangelogConfig) -> Self {
-        ChangelogProducer {
+    pub(crate) fn new(
+        producer: SharedProducer,
+        config: &ChangelogConfig,
+    ) -> Result<Self, ChangelogError> {
+        let tracker = Arc::new(AckTracker::default());
+        let id = {
+            let mut routes = producer
+                .routes
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            // The next id not in use; ids are reused only after MAX_ROUTE more stores.
+            let mut id = None;
+            for _ in 0..MAX_ROUTE {
+                routes.last = routes.last % MAX_ROUTE + 1;
+                if !routes.trackers.contains_key(&routes.last) {
+                    id = Some(routes.last);
+                    break;
+                }
+            }
+            let id = id.ok_or_else(|| ChangelogError::InvalidConfig {
+                topic: config.topic.clone(),
+                message: format!("more than {MAX_ROUTE} stores on one producer"),
+            })?;
+            routes.trackers.insert(id, tracker.clone());
+            id
+        };
+        Ok(ChangelogProducer {
             producer,
-            tracker: Arc::new(AckTracker::default()),
+            tracker,
+            route: (id as usize) << SEQ_BITS,
             topic: config.topic.clone(),
             partition: config.partition,
-        }
+        })
     }
 
     /// Queues one record (a tombstone when `value` is `None`) with sequence number `seq`. Waits
@@ -512,16 +560,13 @@ impl ChangelogProducer {
         if let Some(reason) = self.tracker.poisoned() {
             return Err(reason);
         }
-        let route = Delivery::Changelog {
-            tracker: self.tracker.clone(),
-            seq,
-        };
+        let opaque = self.route | (seq & SEQ_MASK) as usize;
         let sent = self.producer.send_routed(
             &self.topic,
             self.partition,
             key,
             value,
-            route,
+            opaque,
             queue_timeout,
         );
         let Err((error, waited)) = sent else {
@@ -550,5 +595,41 @@ impl ChangelogProducer {
     /// Records queued or in flight in the shared producer.
     pub(crate) fn in_flight(&self) -> i32 {
         self.producer.in_flight()
+    }
+}
+
+impl Drop for ChangelogProducer {
+    /// Leaves the router: reports for records still in flight are dropped.
+    fn drop(&mut self) {
+        let id = (self.route >> SEQ_BITS) as u32;
+        self.producer
+            .routes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .trackers
+            .remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequence_numbers_keep_counting_past_the_bits_the_opaque_carries() {
+        let tracker = AckTracker::default();
+        tracker.lock().acked_seq = SEQ_MASK - 1;
+        tracker.expect_offsets_from(100);
+        // Record SEQ_MASK, then SEQ_MASK + 1, whose low bits are 0.
+        tracker.delivered(SEQ_MASK, 100);
+        tracker.delivered(0, 101);
+        assert_eq!(tracker.acked_seq(), SEQ_MASK + 1);
+        assert!(tracker.poisoned().is_none());
+        // Low bits that are not the next record's: out of order, poisoned.
+        tracker.delivered(5, 102);
+        assert!(matches!(
+            tracker.poisoned(),
+            Some(PoisonReason::OutOfOrder { .. })
+        ));
     }
 }
