@@ -25,9 +25,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use kstate::kstate_core::BoxError;
 use kstate::kstate_kafka::{RestoreListener, RestoreReport, RestoreStart};
-use kstate::kstate_task::{App, AppState, Context, Processor, Record, StoreHandle, StoreOptions};
+use kstate::kstate_task::{App, AppState};
+
+#[path = "shared/count_by_key.rs"]
+mod count;
 
 struct Args {
     bootstrap_servers: String,
@@ -131,29 +133,6 @@ impl RestoreListener for PrintRestores {
     }
 }
 
-/// Counts records per key.
-struct CountByKey {
-    counts: StoreHandle<Vec<u8>, u64>,
-    output: String,
-    coalesce: bool,
-}
-
-impl Processor for CountByKey {
-    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
-        let key = record.key.unwrap_or_default().to_vec();
-        let counts = ctx.store(&self.counts);
-        let count = counts.get(&key)?.unwrap_or(0) + 1;
-        counts.put(&key, &count)?;
-        let text = count.to_string();
-        if self.coalesce {
-            ctx.send_coalesced(&self.output, &key, Some(text.as_bytes()));
-        } else {
-            ctx.send(&self.output, &key, Some(text.as_bytes()))?;
-        }
-        Ok(())
-    }
-}
-
 fn main() -> Result<()> {
     let args = parse_args()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -175,21 +154,7 @@ async fn run(args: Args) -> Result<()> {
     for (key, value) in &args.consumer_properties {
         builder.consumer_property(key.clone(), value.clone());
     }
-    let counts = builder.store::<Vec<u8>, u64>(
-        "counts",
-        StoreOptions {
-            coalesce: args.coalesce,
-        },
-    );
-    let output = args.output.clone();
-    let coalesce = args.coalesce;
-    let app = builder.build(move |_task| {
-        Box::new(CountByKey {
-            counts: counts.clone(),
-            output: output.clone(),
-            coalesce,
-        })
-    })?;
+    let (app, _) = count::build(&mut builder, &args.output, args.coalesce)?;
     let running = app.start()?;
     eprintln!(
         "count_by_key: {} running ({} partitions, {} threads)",

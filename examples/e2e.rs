@@ -29,15 +29,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use kstate::kstate_core::BoxError;
-use kstate::kstate_task::{App, Context, Processor, Record, StoreHandle, StoreOptions};
+use kstate::kstate_task::App;
 use rand::{Rng, SeedableRng};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Message, Timestamp};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{
+    BaseRecord, DefaultProducerContext, Producer, ProducerContext, ThreadedProducer,
+};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+#[path = "shared/count_by_key.rs"]
+mod count;
 
 struct Flags(HashMap<String, String>);
 
@@ -125,18 +129,24 @@ async fn create_topic(
     Ok(())
 }
 
-fn producer(servers: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
+/// An idempotent, acks=all producer with `context` and a linger of `linger_ms`.
+fn producer<C: ProducerContext + 'static>(
+    servers: &str,
+    linger_ms: &str,
+    context: C,
+) -> Result<ThreadedProducer<C>> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", servers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "5")
+        .set("linger.ms", linger_ms)
         .set("compression.type", "lz4")
-        .create()?)
+        .create_with_context(context)?)
 }
 
-fn send(
-    producer: &ThreadedProducer<DefaultProducerContext>,
+/// Sends `record`, waiting while the producer's queue is full.
+fn send<C: ProducerContext<DeliveryOpaque = ()> + 'static>(
+    producer: &ThreadedProducer<C>,
     mut record: BaseRecord<'_, [u8], [u8]>,
 ) {
     loop {
@@ -158,7 +168,7 @@ async fn setup(servers: &str, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
     let keys: u64 = flags.number("keys", Some(10_000))?;
     create_topic(servers, &input, partitions, &[]).await?;
-    let producer = producer(servers)?;
+    let producer = producer(servers, "5", DefaultProducerContext)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(543);
     let started = Instant::now();
     for _ in 0..rows {
@@ -182,28 +192,6 @@ async fn setup(servers: &str, flags: &Flags) -> Result<()> {
     Ok(())
 }
 
-struct CountByKey {
-    counts: StoreHandle<Vec<u8>, u64>,
-    output: String,
-    coalesce: bool,
-}
-
-impl Processor for CountByKey {
-    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
-        let key = record.key.unwrap_or_default().to_vec();
-        let counts = ctx.store(&self.counts);
-        let count = counts.get(&key)?.unwrap_or(0) + 1;
-        counts.put(&key, &count)?;
-        let text = count.to_string();
-        if self.coalesce {
-            ctx.send_coalesced(&self.output, &key, Some(text.as_bytes()));
-        } else {
-            ctx.send(&self.output, &key, Some(text.as_bytes()))?;
-        }
-        Ok(())
-    }
-}
-
 fn run_kstate(servers: &str, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
     let coalesce = flags.0.contains_key("coalesce");
@@ -213,15 +201,7 @@ fn run_kstate(servers: &str, flags: &Flags) -> Result<()> {
         .input(flags.get("input")?)
         .state_dir(state_dir.path())
         .threads(flags.number("threads", Some(1))?);
-    let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions { coalesce });
-    let output = flags.get("output")?;
-    let app = builder.build(move |_| {
-        Box::new(CountByKey {
-            counts: counts.clone(),
-            output: output.clone(),
-            coalesce,
-        })
-    })?;
+    let (app, _) = count::build(&mut builder, &flags.get("output")?, coalesce)?;
     let started = Instant::now();
     let running = app.start()?;
     let deadline = started + Duration::from_secs(1800);
@@ -302,25 +282,7 @@ async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
         .set("auto.offset.reset", "earliest")
         .create()?;
     consumer.subscribe(&[&input])?;
-    let producer: ThreadedProducer<Settled> = ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "1")
-        .set("compression.type", "lz4")
-        .create_with_context(Settled::default())?;
-    let send = |record: BaseRecord<'_, [u8], [u8]>| {
-        let mut record = record;
-        loop {
-            match producer.send(record) {
-                Ok(()) => return,
-                Err((_, back)) => {
-                    record = back;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }
-        }
-    };
+    let producer = producer(servers, "1", Settled::default())?;
     let mut sent = 0u64;
     let mut offsets: BTreeMap<i32, i64> = BTreeMap::new();
     let mut next_commit = Instant::now() + Duration::from_millis(100);
@@ -331,12 +293,14 @@ async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
             let key = m.key().unwrap_or_default();
             let value = m.payload().unwrap_or_default();
             send(
+                &producer,
                 BaseRecord::to(&output)
                     .partition(m.partition())
                     .key(key)
                     .payload(b"1"),
             );
             send(
+                &producer,
                 BaseRecord::to(&shadow)
                     .partition(m.partition())
                     .key(key)

@@ -5,42 +5,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "../examples/shared/count_by_key.rs"]
+mod count;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::streams::{last_counts, produce, read_topic, wait_for};
 use kstate::kstate_core::BoxError;
 use kstate::kstate_task::{
-    App, AppState, Context, GroupProtocol, Processor, Record, Running, StoreHandle, StoreOptions,
-    TaskError, TaskState, TimeKind, Timer,
+    App, AppState, Context, GroupProtocol, Processor, Record, Running, StoreHandle, TaskError,
+    TaskState, TimeKind, Timer,
 };
 use kstate_test_broker::unique_topic;
 
 const WAIT: Duration = Duration::from_secs(120);
-
-struct CountByKey {
-    counts: StoreHandle<Vec<u8>, u64>,
-    output: String,
-    coalesce: bool,
-}
-
-impl Processor for CountByKey {
-    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
-        let key = record.key.unwrap_or_default().to_vec();
-        let counts = ctx.store(&self.counts);
-        let n = counts.get(&key)?.unwrap_or(0) + 1;
-        counts.put(&key, &n)?;
-        let text = n.to_string();
-        if self.coalesce {
-            ctx.send_coalesced(&self.output, &key, Some(text.as_bytes()));
-        } else {
-            ctx.send(&self.output, &key, Some(text.as_bytes()))?;
-        }
-        Ok(())
-    }
-}
 
 struct Setup {
     servers: String,
@@ -89,17 +68,8 @@ fn start_with(
         .state_dir(state_dir)
         .threads(threads)
         .commit_interval(Duration::from_millis(50));
-    let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions { coalesce });
-    let handle = counts.clone();
-    let output = s.output.clone();
-    let app = builder.build(move |_| {
-        Box::new(CountByKey {
-            counts: counts.clone(),
-            output: output.clone(),
-            coalesce,
-        })
-    })?;
-    Ok((app.start()?, handle))
+    let (app, counts) = count::build(&mut builder, &s.output, coalesce)?;
+    Ok((app.start()?, counts))
 }
 
 /// `n` records over `keys` keys; key `k` always goes to partition `k % partitions`.
@@ -325,6 +295,18 @@ async fn coalescing_sends_far_fewer_changelog_records_for_skewed_keys() -> anyho
     Ok(())
 }
 
+/// A processor for applications that must not start.
+fn idle(_: kstate::kstate_task::TaskId) -> Box<dyn Processor> {
+    Box::new(Ticker {
+        output: "unused".into(),
+    })
+}
+
+/// Why `builder`'s application refused to start.
+fn start_error(builder: &kstate::kstate_task::AppBuilder) -> anyhow::Result<TaskError> {
+    Ok(builder.build(idle)?.start().err().expect("refused"))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn inputs_that_are_not_co_partitioned_are_refused() -> anyhow::Result<()> {
     let s = setup(3).await?;
@@ -332,30 +314,14 @@ async fn inputs_that_are_not_co_partitioned_are_refused() -> anyhow::Result<()> 
     common::create_topic(&s.servers, &other, 4, "delete").await?;
     let mut builder = App::builder(s.app_id.clone(), s.servers.clone());
     builder.input(s.input.clone()).input(other.clone());
-    let err = builder
-        .build(|_| {
-            Box::new(Ticker {
-                output: "unused".into(),
-            })
-        })?
-        .start()
-        .err()
-        .expect("refused");
+    let err = start_error(&builder)?;
     assert!(matches!(err, TaskError::NotCoPartitioned { .. }), "{err}");
     assert!(err.to_string().contains(&format!("{other}=4")), "{err}");
 
     let missing = unique_topic("missing");
     let mut builder = App::builder(s.app_id.clone(), s.servers.clone());
     builder.input(missing.clone());
-    let err = builder
-        .build(|_| {
-            Box::new(Ticker {
-                output: "unused".into(),
-            })
-        })?
-        .start()
-        .err()
-        .expect("refused");
+    let err = start_error(&builder)?;
     assert!(
         matches!(err, TaskError::MissingInput { ref topic, .. } if *topic == missing),
         "{err}"
@@ -363,15 +329,7 @@ async fn inputs_that_are_not_co_partitioned_are_refused() -> anyhow::Result<()> 
 
     let mut builder = App::builder("bad id/with slash", s.servers.clone());
     builder.input(s.input.clone());
-    let err = builder
-        .build(|_| {
-            Box::new(Ticker {
-                output: "unused".into(),
-            })
-        })
-        .err()
-        .expect("refused");
+    let err = builder.build(idle).err().expect("refused");
     assert!(matches!(err, TaskError::InvalidConfig(_)), "{err}");
-    let _ = Arc::new(());
     Ok(())
 }

@@ -202,71 +202,53 @@ pub trait KeyValueStore: Send + Sync {
     }
 }
 
-/// Shared and boxed stores are stores too, so layers can own `Arc<dyn KeyValueStore>`.
-impl<S: KeyValueStore + ?Sized> KeyValueStore for std::sync::Arc<S> {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        (**self).get(key)
-    }
-    fn write(&self, batch: Batch) -> Result<()> {
-        (**self).write(batch)
-    }
-    fn scan(&self, range: &KeyRange, order: Order) -> Result<EntryIter<'_>> {
-        (**self).scan(range, order)
-    }
-    fn approximate_len(&self) -> Result<u64> {
-        (**self).approximate_len()
-    }
-    fn flush(&self) -> Result<()> {
-        (**self).flush()
-    }
-    fn close(&self) -> Result<()> {
-        (**self).close()
-    }
-    fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
-        (**self).multi_get(keys)
-    }
-    fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        (**self).put(key, value)
-    }
-    fn delete(&self, key: &[u8]) -> Result<()> {
-        (**self).delete(key)
-    }
+/// Implements [`KeyValueStore`] for a pointer type by forwarding every method to the store it
+/// points at, overridden defaults included (the store may have faster ones).
+macro_rules! forward_store {
+    ($(#[$doc:meta])* $pointer:ty) => {
+        $(#[$doc])*
+        impl<S: KeyValueStore + ?Sized> KeyValueStore for $pointer {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+                (**self).get(key)
+            }
+            fn write(&self, batch: Batch) -> Result<()> {
+                (**self).write(batch)
+            }
+            fn scan(&self, range: &KeyRange, order: Order) -> Result<EntryIter<'_>> {
+                (**self).scan(range, order)
+            }
+            fn approximate_len(&self) -> Result<u64> {
+                (**self).approximate_len()
+            }
+            fn flush(&self) -> Result<()> {
+                (**self).flush()
+            }
+            fn close(&self) -> Result<()> {
+                (**self).close()
+            }
+            fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+                (**self).multi_get(keys)
+            }
+            fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+                (**self).put(key, value)
+            }
+            fn delete(&self, key: &[u8]) -> Result<()> {
+                (**self).delete(key)
+            }
+        }
+    };
 }
 
-/// A borrowed store is a store too, so a typed [`Store`](crate::Store) can be a short-lived view
-/// over a store someone else owns (the task runtime hands processors such views).
-impl<S: KeyValueStore + ?Sized> KeyValueStore for &S {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        (**self).get(key)
-    }
-    fn write(&self, batch: Batch) -> Result<()> {
-        (**self).write(batch)
-    }
-    fn scan(&self, range: &KeyRange, order: Order) -> Result<EntryIter<'_>> {
-        (**self).scan(range, order)
-    }
-    fn approximate_len(&self) -> Result<u64> {
-        (**self).approximate_len()
-    }
-    fn flush(&self) -> Result<()> {
-        (**self).flush()
-    }
-    fn close(&self) -> Result<()> {
-        (**self).close()
-    }
-    fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
-        (**self).multi_get(keys)
-    }
-    fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        (**self).put(key, value)
-    }
-    fn delete(&self, key: &[u8]) -> Result<()> {
-        (**self).delete(key)
-    }
-}
+forward_store!(
+    /// Shared and boxed stores are stores too, so layers can own `Arc<dyn KeyValueStore>`.
+    std::sync::Arc<S>
+);
+
+forward_store!(
+    /// A borrowed store is a store too, so a typed [`Store`](crate::Store) can be a short-lived
+    /// view over a store someone else owns (the task runtime hands processors such views).
+    &S
+);

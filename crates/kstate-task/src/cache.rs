@@ -68,12 +68,10 @@ impl KeyValueStore for CoalescingStore {
         let full = {
             let mut dirty = self.lock();
             for (key, value) in batch.into_mutations() {
-                let added = key.len() + value.as_ref().map_or(0, Vec::len);
-                if let Some(old) = dirty.map.insert(key, value) {
-                    dirty.bytes = dirty.bytes.saturating_sub(old.map_or(0, |v| v.len()));
-                    dirty.bytes += added;
-                } else {
-                    dirty.bytes += added;
+                dirty.bytes += key.len() + value.as_ref().map_or(0, Vec::len);
+                if let Some(replaced) = dirty.map.insert(key, value) {
+                    // The key is counted again above; only its old value goes.
+                    dirty.bytes = dirty.bytes.saturating_sub(replaced.map_or(0, |v| v.len()));
                 }
             }
             dirty.map.len() >= self.max_entries || dirty.bytes >= self.max_bytes

@@ -89,7 +89,8 @@ impl ConsumerContext for WorkerContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             let partitions = partitions_of(tpl);
             let lost = consumer.assignment_lost();
-            lock(&self.core).revoke(consumer, &partitions, lost);
+            // Failures are logged; the tasks' input replays from their last commit.
+            let _ = lock(&self.core).revoke(consumer, &partitions, lost);
         }
     }
 
@@ -195,55 +196,62 @@ impl Core {
         }
     }
 
-    fn revoke(&mut self, consumer: &WorkerConsumer, partitions: &[i32], lost: bool) {
+    /// Ends the tasks of `partitions` on this worker: revocation, loss, and shutdown. Restores
+    /// in progress are cancelled. Unless the assignment was `lost` or the worker failed, the
+    /// tasks are committed and their stores closed; otherwise, or if the commit fails, they are
+    /// dropped without closing (nothing uncommitted reaches RocksDB, and their input replays).
+    /// Returns the commit's failure.
+    fn revoke(
+        &mut self,
+        consumer: &WorkerConsumer,
+        partitions: &[i32],
+        lost: bool,
+    ) -> Result<(), TaskError> {
         for p in partitions {
             if let Some(restoring) = self.restoring.remove(p) {
                 restoring.cancel.cancel();
                 self.app.registry.remove(*p);
             }
         }
-        let revoked: Vec<Task> = partitions
+        let mut revoked: Vec<Task> = partitions
             .iter()
             .filter_map(|p| self.tasks.remove(p))
             .collect();
         if revoked.is_empty() {
-            return;
+            return Ok(());
         }
         let ids: Vec<i32> = revoked.iter().map(|t| t.id.partition).collect();
-        if lost {
-            tracing::warn!(worker = self.index, partitions = ?ids, "assignment lost; dropping tasks without a commit");
+        let commit = !lost && self.failed.is_none();
+        if commit {
+            tracing::info!(worker = self.index, partitions = ?ids, "committing and closing tasks");
         } else {
-            tracing::info!(worker = self.index, partitions = ?ids, "revoked; committing and closing");
+            tracing::warn!(worker = self.index, partitions = ?ids, lost, "dropping tasks without a commit");
         }
-        let mut revoked = revoked;
-        if !lost && self.failed.is_none() {
+        let committed = if commit {
+            let mut refs: Vec<&mut Task> = revoked.iter_mut().collect();
             let timeout = self.app.config.revocation_timeout;
-            if let Err(e) = self.commit(consumer, &mut revoked, CommitMode::Sync, timeout) {
-                tracing::warn!(worker = self.index, error = %e, "commit of revoked tasks failed; their input will be replayed");
-            }
+            commit_tasks(
+                &self.producer,
+                consumer,
+                &mut refs,
+                CommitMode::Sync,
+                timeout,
+            )
+        } else {
+            Ok(())
+        };
+        if let Err(e) = &committed {
+            tracing::warn!(worker = self.index, error = %e, "commit of ending tasks failed; their input will be replayed");
         }
+        let close = commit && committed.is_ok();
         for task in revoked {
             // Out of the query registry first: it holds the stores too.
             self.app.registry.remove(task.id.partition);
-            if lost || self.failed.is_some() {
-                // Dropped without closing: nothing uncommitted reaches RocksDB.
-                drop(task);
-            } else if let Err(e) = task.close() {
-                tracing::warn!(worker = self.index, error = %e, "closing a revoked task failed");
+            if close && let Err(e) = task.close() {
+                tracing::warn!(worker = self.index, error = %e, "closing a task failed");
             }
         }
-    }
-
-    /// Commits `tasks`: outputs and changelogs acknowledged, stores committed, offsets committed.
-    fn commit(
-        &self,
-        consumer: &WorkerConsumer,
-        tasks: &mut [Task],
-        mode: CommitMode,
-        timeout: Duration,
-    ) -> Result<(), TaskError> {
-        let mut refs: Vec<&mut Task> = tasks.iter_mut().collect();
-        commit_tasks(&self.producer, consumer, &mut refs, mode, timeout)
+        committed
     }
 
     fn on_record(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
@@ -511,44 +519,21 @@ pub(crate) fn run(
     }
 
     // Shutting down (or failed): a final commit, the stores closed, then the group left.
-    let mut core_guard = lock(&core);
-    let core_ref = &mut *core_guard;
-    for restoring in core_ref.restoring.values() {
-        restoring.cancel.cancel();
-    }
-    let tasks = std::mem::take(&mut core_ref.tasks);
-    let failed = core_ref.failed.take();
-    if failed.is_none() {
-        let mut tasks_vec: Vec<Task> = tasks.into_values().collect();
-        let mut refs: Vec<&mut Task> = tasks_vec.iter_mut().collect();
-        let committed = commit_tasks(
-            &core_ref.producer,
-            &consumer,
-            &mut refs,
-            CommitMode::Sync,
-            config.revocation_timeout,
-        );
-        for task in tasks_vec {
-            app.registry.remove(task.id.partition);
-            if committed.is_ok()
-                && let Err(e) = task.close()
-            {
-                tracing::warn!(worker = index, error = %e, "closing a task failed");
-            }
-        }
-        committed?;
-    } else {
-        for partition in tasks.keys() {
-            app.registry.remove(*partition);
-        }
-        drop(tasks);
-    }
-    drop(core_guard);
-    // Leaving the group revokes nothing left: every task is closed.
+    let mut core = lock(&core);
+    let partitions: Vec<i32> = core
+        .tasks
+        .keys()
+        .chain(core.restoring.keys())
+        .copied()
+        .collect();
+    let committed = core.revoke(&consumer, &partitions, false);
+    let failed = core.failed.take();
+    drop(core);
+    // Leaving the group revokes nothing left: every task is ended.
     consumer.unsubscribe();
     drop(consumer);
     match failed {
         Some(e) => Err(e),
-        None => Ok(()),
+        None => committed,
     }
 }
