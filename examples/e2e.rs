@@ -1,14 +1,20 @@
-//! e2e: the end-to-end benchmark's kstate side, its bare-rdkafka baseline, and the one measure
-//! both it and Kafka Streams are judged by (`benches/kafka-streams/compare.sh`).
+//! e2e: the end-to-end and failover benchmarks' kstate side, the bare-rdkafka baseline, and the
+//! measures every system is judged by (`benches/kafka-streams/compare.sh`, `failover.sh`).
 //!
 //! ```text
-//! e2e setup   --input T --partitions P --rows N [--keys K]     fresh input topic, N records
-//! e2e output  --topic T --partitions P                         output topic (LogAppendTime)
-//! e2e kstate  --input T --output T --application-id A --rows N [--threads N] [--coalesce]
-//! e2e pipe    --input T --output T --application-id A --rows N
-//! e2e measure --output T --partitions P --rows N --expect records|counts
+//! e2e setup    --input T --partitions P --rows N [--keys K | --unique] [--key-bytes B]
+//! e2e output   --topic T --partitions P                        output topic (LogAppendTime)
+//! e2e kstate   --input T --output T --application-id A --rows N [--threads N] [--coalesce]
+//! e2e pipe     --input T --output T --application-id A --rows N
+//! e2e measure  --output T --partitions P --rows N --expect records|counts [--json PATH]
+//! e2e wait     --output T --records N [--timeout-s S]
+//! e2e failover --input T --output T --kill PID [--timeout-s S] [--json PATH]
 //! ```
 //!
+//! - `setup` fills a fresh input topic: N records with 16-byte values, keys drawn uniformly from
+//!   K (seeded; default 10,000) or, with `--unique`, the keys `0..N` once each; keys are B bytes
+//!   wide (default 8: the index big-endian; wider keys add incompressible filler, which is how
+//!   the failover benchmark gets about 1 GB of state). Partitioned by murmur2 like the Java client.
 //! - `kstate` runs the count-by-key task (the `count_by_key` example's processor) in process
 //!   until it has processed and committed N records, then stops gracefully.
 //! - `pipe` is the physical limit: the same broker work with no state. Each input record is
@@ -22,73 +28,46 @@
 //!   append to the last one's: start-up (group join, topic creation) is outside the clock for
 //!   every system alike. `--expect records`: one output per input (caching off, the pipe);
 //!   `--expect counts`: the outputs' last counts sum to N (caching on emits fewer).
+//! - `wait` returns once the output topic holds N records (everything processed).
+//! - `failover` SIGKILLs process PID (one copy of an application that has processed its input),
+//!   then writes one marker record to every input partition and waits until each partition's
+//!   marker has its output. It prints each partition's milliseconds from the kill to the marker
+//!   output's append time, and `failover seconds=<s>` for the slowest: the time until the
+//!   survivor has processed a record of every partition that moved to it, group detection and
+//!   restore included.
 //!
 //! Needs `--bootstrap-servers` or `KAFKA_BOOTSTRAP_SERVERS`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use kstate::kstate_task::App;
-use rand::{Rng, SeedableRng};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::{Message, Timestamp};
-use rdkafka::producer::{
-    BaseRecord, DefaultProducerContext, Producer, ProducerContext, ThreadedProducer,
+use kstate_bench::flags::Flags;
+use kstate_bench::kafka::{
+    LOG_APPEND_TIME, Settled, append_time, create_topic, partition_count, producer, send,
 };
+use kstate_bench::report::{per_second, write_json};
+use kstate_bench::workload::wide_key;
+use rand::{Rng, SeedableRng};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 #[path = "shared/count_by_key.rs"]
 mod count;
 
-struct Flags(HashMap<String, String>);
-
-impl Flags {
-    fn parse(args: impl Iterator<Item = String>) -> Result<Self> {
-        let mut map = HashMap::new();
-        let mut args = args.peekable();
-        while let Some(flag) = args.next() {
-            let name = flag
-                .strip_prefix("--")
-                .with_context(|| format!("unexpected argument {flag}"))?
-                .to_string();
-            let value = match args.peek() {
-                Some(v) if !v.starts_with("--") => args.next().unwrap_or_default(),
-                _ => "true".into(),
-            };
-            map.insert(name, value);
-        }
-        Ok(Flags(map))
-    }
-
-    fn get(&self, name: &str) -> Result<String> {
-        self.0
-            .get(name)
-            .cloned()
-            .with_context(|| format!("--{name} is required"))
-    }
-
-    fn number<T: std::str::FromStr>(&self, name: &str, default: Option<T>) -> Result<T> {
-        match (self.0.get(name), default) {
-            (Some(v), _) => v
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--{name} {v}: not a number")),
-            (None, Some(d)) => Ok(d),
-            (None, None) => bail!("--{name} is required"),
-        }
-    }
-}
+const COMMANDS: &str = "setup|output|kstate|pipe|measure|wait|failover";
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let command = args
         .next()
-        .context("usage: e2e setup|output|kstate|pipe|measure ...")?;
+        .with_context(|| format!("usage: e2e {COMMANDS} ..."))?;
     let flags = Flags::parse(args)?;
-    let servers = match flags.0.get("bootstrap-servers") {
-        Some(s) => s.clone(),
+    let servers = match flags.optional("bootstrap-servers") {
+        Some(s) => s.to_string(),
         None => std::env::var("KAFKA_BOOTSTRAP_SERVERS")
             .context("--bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS is required")?,
     };
@@ -97,82 +76,36 @@ fn main() -> Result<()> {
         .build()?;
     match command.as_str() {
         "setup" => runtime.block_on(setup(&servers, &flags)),
-        "output" => runtime.block_on(create_topic(
+        "output" => Ok(runtime.block_on(create_topic(
             &servers,
             &flags.get("topic")?,
             flags.number("partitions", None)?,
-            &[("message.timestamp.type", "LogAppendTime")],
-        )),
+            LOG_APPEND_TIME,
+        ))?),
         "kstate" => run_kstate(&servers, &flags),
         "pipe" => runtime.block_on(pipe(&servers, &flags)),
         "measure" => measure(&servers, &flags),
-        other => bail!("unknown command {other}: setup|output|kstate|pipe|measure"),
+        "wait" => wait(&servers, &flags),
+        "failover" => failover(&servers, &flags),
+        other => bail!("unknown command {other}: {COMMANDS}"),
     }
 }
 
-async fn create_topic(
-    servers: &str,
-    topic: &str,
-    partitions: i32,
-    settings: &[(&str, &str)],
-) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .create()?;
-    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-    for (k, v) in settings {
-        new = new.set(k, v);
-    }
-    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
-    Ok(())
-}
-
-/// An idempotent, acks=all producer with `context` and a linger of `linger_ms`.
-fn producer<C: ProducerContext + 'static>(
-    servers: &str,
-    linger_ms: &str,
-    context: C,
-) -> Result<ThreadedProducer<C>> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", linger_ms)
-        .set("compression.type", "lz4")
-        .create_with_context(context)?)
-}
-
-/// Sends `record`, waiting while the producer's queue is full.
-fn send<C: ProducerContext<DeliveryOpaque = ()> + 'static>(
-    producer: &ThreadedProducer<C>,
-    mut record: BaseRecord<'_, [u8], [u8]>,
-) {
-    loop {
-        match producer.send(record) {
-            Ok(()) => return,
-            Err((_, back)) => {
-                record = back;
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        }
-    }
-}
-
-/// A fresh input topic with `rows` records: 8-byte keys drawn uniformly from `keys` (seeded),
-/// 16-byte values, partitioned by the key's murmur2 hash like the Java client.
+/// A fresh input topic with `rows` records (see the module docs).
 async fn setup(servers: &str, flags: &Flags) -> Result<()> {
     let input = flags.get("input")?;
     let partitions: i32 = flags.number("partitions", None)?;
     let rows: u64 = flags.number("rows", None)?;
     let keys: u64 = flags.number("keys", Some(10_000))?;
+    let unique = flags.switch("unique");
+    let key_bytes: usize = flags.number("key-bytes", Some(8))?;
     create_topic(servers, &input, partitions, &[]).await?;
-    let producer = producer(servers, "5", DefaultProducerContext)?;
+    let producer = producer(servers, 5, DefaultProducerContext)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(543);
     let started = Instant::now();
-    for _ in 0..rows {
-        let key = rng.random_range(0..keys).to_be_bytes();
+    for i in 0..rows {
+        let index = if unique { i } else { rng.random_range(0..keys) };
+        let key = wide_key(index, key_bytes);
         let partition = kstate::kstate_task::partition_for(&key, partitions);
         let value = [b'v'; 16];
         send(
@@ -183,10 +116,13 @@ async fn setup(servers: &str, flags: &Flags) -> Result<()> {
                 .payload(&value[..]),
         );
     }
-    producer.flush(Duration::from_secs(120))?;
+    producer.flush(Duration::from_secs(300))?;
     ensure!(producer.in_flight_count() == 0, "input not acknowledged");
+    let distinct = if unique { rows } else { keys };
     eprintln!(
-        "e2e setup: {rows} records over {keys} keys into {input} ({partitions} partitions) in {} ms",
+        "e2e setup: {rows} records over {distinct} keys of {} bytes into {input} ({partitions} \
+         partitions) in {} ms",
+        key_bytes.max(8),
         started.elapsed().as_millis()
     );
     Ok(())
@@ -194,7 +130,7 @@ async fn setup(servers: &str, flags: &Flags) -> Result<()> {
 
 fn run_kstate(servers: &str, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
-    let coalesce = flags.0.contains_key("coalesce");
+    let coalesce = flags.switch("coalesce");
     let state_dir = tempfile::tempdir()?;
     let mut builder = App::builder(flags.get("application-id")?, servers);
     builder
@@ -230,26 +166,6 @@ fn run_kstate(servers: &str, flags: &Flags) -> Result<()> {
     Ok(())
 }
 
-/// Counts a producer's delivery reports.
-#[derive(Default)]
-struct Settled {
-    count: std::sync::atomic::AtomicU64,
-    failed: std::sync::atomic::AtomicBool,
-}
-
-impl rdkafka::ClientContext for Settled {}
-
-impl rdkafka::producer::ProducerContext for Settled {
-    type DeliveryOpaque = ();
-    fn delivery(&self, result: &rdkafka::producer::DeliveryResult<'_>, _: ()) {
-        use std::sync::atomic::Ordering;
-        if result.is_err() {
-            self.failed.store(true, Ordering::Release);
-        }
-        self.count.fetch_add(1, Ordering::AcqRel);
-    }
-}
-
 /// The bare pipe: consume one, produce two, commit every 100 ms once everything is acknowledged.
 async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
@@ -257,16 +173,7 @@ async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
     let output = flags.get("output")?;
     let app = flags.get("application-id")?;
     let shadow = format!("{app}-shadow-changelog");
-    let partitions = {
-        let probe: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", servers)
-            .create()?;
-        let metadata = probe.fetch_metadata(Some(&input), Duration::from_secs(30))?;
-        metadata
-            .topics()
-            .first()
-            .map_or(0, |t| t.partitions().len() as i32)
-    };
+    let partitions = partition_count(servers, &input)?;
     create_topic(
         servers,
         &shadow,
@@ -282,7 +189,7 @@ async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
         .set("auto.offset.reset", "earliest")
         .create()?;
     consumer.subscribe(&[&input])?;
-    let producer = producer(servers, "1", Settled::default())?;
+    let producer = producer(servers, 1, Settled::default())?;
     let mut sent = 0u64;
     let mut offsets: BTreeMap<i32, i64> = BTreeMap::new();
     let mut next_commit = Instant::now() + Duration::from_millis(100);
@@ -311,19 +218,10 @@ async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
             seen += 1;
         }
         if Instant::now() >= next_commit || seen == rows {
-            let context = producer.context();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while context.count.load(std::sync::atomic::Ordering::Acquire) < sent {
-                ensure!(
-                    Instant::now() < deadline,
-                    "pipe: records not acknowledged in 60 s"
-                );
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            ensure!(
-                !context.failed.load(std::sync::atomic::Ordering::Acquire),
-                "pipe: a record was not delivered"
-            );
+            producer
+                .context()
+                .wait_for(sent, Duration::from_secs(60))
+                .context("pipe")?;
             let mut tpl = TopicPartitionList::new();
             for (p, o) in &offsets {
                 tpl.add_partition_offset(&input, *p, Offset::Offset(*o))?;
@@ -341,17 +239,34 @@ async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
     Ok(())
 }
 
-/// Reads the output back; prints `e2e <records>/s` over first-to-last append time.
+/// A consumer outside any application's group, for reading outputs back.
+fn reader(servers: &str) -> Result<BaseConsumer> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .set("group.id", "kstate-e2e-measure")
+        .set("enable.auto.commit", "false")
+        .create()?)
+}
+
+/// What `measure --json` writes.
+#[derive(serde::Serialize)]
+struct MeasureResult {
+    output: String,
+    rows: u64,
+    outputs: u64,
+    first_to_last_ms: i64,
+    records_per_sec: f64,
+    /// (outputs appended so far, ms since the first) at every 100 ms of append time.
+    progress: Vec<(u64, f64)>,
+}
+
+/// Reads the output back; prints `e2e ... records_per_sec=<r>` over first-to-last append time.
 fn measure(servers: &str, flags: &Flags) -> Result<()> {
     let output = flags.get("output")?;
     let partitions: i32 = flags.number("partitions", None)?;
     let rows: u64 = flags.number("rows", None)?;
     let expect = flags.get("expect")?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .set("group.id", "kstate-e2e-measure")
-        .set("enable.auto.commit", "false")
-        .create()?;
+    let consumer = reader(servers)?;
     let mut tpl = TopicPartitionList::new();
     let mut ends = BTreeMap::new();
     for p in 0..partitions {
@@ -362,18 +277,18 @@ fn measure(servers: &str, flags: &Flags) -> Result<()> {
         }
     }
     consumer.assign(&tpl)?;
-    let (mut first, mut last, mut records) = (i64::MAX, i64::MIN, 0u64);
-    let mut counts: HashMap<Vec<u8>, u64> = HashMap::new();
+    let (mut records, mut counts) = (0u64, HashMap::<Vec<u8>, u64>::new());
+    let (mut first, mut last) = (i64::MAX, i64::MIN);
+    // Outputs per 100 ms of append time, for the progress points.
+    let mut per_tick: BTreeMap<i64, u64> = BTreeMap::new();
     while !ends.is_empty() {
         let Some(message) = consumer.poll(Duration::from_secs(10)) else {
             bail!("reading {output} stalled");
         };
         let m = message?;
-        let Timestamp::LogAppendTime(t) = m.timestamp() else {
-            bail!("{output} is not a LogAppendTime topic (create it with `e2e output`)");
-        };
-        first = first.min(t);
-        last = last.max(t);
+        let appended = append_time(&m)?;
+        (first, last) = (first.min(appended), last.max(appended));
+        *per_tick.entry(appended / 100).or_default() += 1;
         records += 1;
         if let Some(n) = m
             .payload()
@@ -406,11 +321,170 @@ fn measure(servers: &str, flags: &Flags) -> Result<()> {
         }
         other => bail!("--expect {other}: records or counts"),
     }
-    let seconds = ((last - first).max(1)) as f64 / 1e3;
+    let first_tick = per_tick.keys().next().copied().unwrap_or_default();
+    let mut done = 0;
+    let progress = per_tick
+        .iter()
+        .map(|(tick, n)| {
+            done += n;
+            (done, ((tick - first_tick) * 100) as f64)
+        })
+        .collect();
+    let first_to_last_ms = last - first;
+    let result = MeasureResult {
+        records_per_sec: per_second(rows, first_to_last_ms.max(1) as f64),
+        output,
+        rows,
+        outputs: records,
+        first_to_last_ms,
+        progress,
+    };
     println!(
-        "e2e output={output} outputs={records} first_to_last_ms={} records_per_sec={:.0}",
-        last - first,
-        rows as f64 / seconds
+        "e2e output={} outputs={} first_to_last_ms={} records_per_sec={:.0}",
+        result.output, result.outputs, result.first_to_last_ms, result.records_per_sec
     );
+    if let Some(path) = flags.optional("json") {
+        write_json(path.as_ref(), &result)?;
+    }
+    Ok(())
+}
+
+/// Waits until the output topic holds `--records` records.
+fn wait(servers: &str, flags: &Flags) -> Result<()> {
+    let output = flags.get("output")?;
+    let records: i64 = flags.number("records", None)?;
+    let timeout = Duration::from_secs(flags.number("timeout-s", Some(1800))?);
+    let partitions = partition_count(servers, &output)?;
+    ensure!(partitions > 0, "{output} does not exist");
+    let consumer = reader(servers)?;
+    let started = Instant::now();
+    loop {
+        let mut held = 0;
+        for p in 0..partitions {
+            let (low, high) = consumer.fetch_watermarks(&output, p, Duration::from_secs(30))?;
+            held += high - low;
+        }
+        if held >= records {
+            eprintln!(
+                "e2e wait: {output} holds {held} records after {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        ensure!(
+            started.elapsed() < timeout,
+            "{output} holds {held} of {records} records after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Markers' keys start with this; no input record's does (setup's keys start with an 8-byte
+/// index).
+const MARKER_PREFIX: &str = "kstate-failover-marker-";
+
+/// A marker key for each of `partitions` partitions: one that murmur2 hashes to it, so that a
+/// system whose output is partitioned by key (Kafka Streams' `to`) writes the marker's output to
+/// the same partition number as one that keeps the input's (kstate's `send`).
+fn marker_keys(partitions: i32) -> Vec<Vec<u8>> {
+    let mut keys = vec![Vec::new(); partitions as usize];
+    let mut missing = partitions;
+    for n in 0u64.. {
+        let key = format!("{MARKER_PREFIX}{n}").into_bytes();
+        let p = kstate::kstate_task::partition_for(&key, partitions) as usize;
+        if keys[p].is_empty() {
+            keys[p] = key;
+            missing -= 1;
+            if missing == 0 {
+                break;
+            }
+        }
+    }
+    keys
+}
+
+/// What `failover --json` writes.
+#[derive(serde::Serialize)]
+struct FailoverResult {
+    input: String,
+    output: String,
+    killed_pid: u32,
+    /// Per input partition: ms from the SIGKILL to the append of its marker's output.
+    partition_ms: BTreeMap<i32, i64>,
+    seconds: f64,
+}
+
+/// SIGKILLs `--kill`, then times each partition's marker until its output appears.
+fn failover(servers: &str, flags: &Flags) -> Result<()> {
+    let input = flags.get("input")?;
+    let output = flags.get("output")?;
+    let pid: u32 = flags.number("kill", None)?;
+    let timeout = Duration::from_secs(flags.number("timeout-s", Some(600))?);
+    let partitions = partition_count(servers, &input)?;
+    ensure!(partitions > 0, "{input} does not exist");
+    let consumer = reader(servers)?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (_, high) = consumer.fetch_watermarks(&output, p, Duration::from_secs(30))?;
+        tpl.add_partition_offset(&output, p, Offset::Offset(high))?;
+    }
+    let producer = producer(servers, 0, Settled::default())?;
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .context("run kill")?;
+    let killed_at = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    ensure!(killed.success(), "kill -KILL {pid} failed: {killed}");
+    let markers = marker_keys(partitions);
+    for (p, key) in markers.iter().enumerate() {
+        send(
+            &producer,
+            BaseRecord::to(&input)
+                .partition(p as i32)
+                .key(&key[..])
+                .payload(&b"m"[..]),
+        );
+    }
+    producer
+        .context()
+        .wait_for(partitions as u64, Duration::from_secs(30))
+        .context("markers")?;
+    consumer.assign(&tpl)?;
+    let started = Instant::now();
+    let mut partition_ms = BTreeMap::new();
+    while partition_ms.len() < partitions as usize {
+        ensure!(
+            started.elapsed() < timeout,
+            "after {timeout:?} only partitions {:?} of {partitions} have their marker's output",
+            partition_ms.keys().collect::<Vec<_>>()
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = message?;
+        if m.key() == Some(&markers[m.partition() as usize][..]) {
+            partition_ms
+                .entry(m.partition())
+                .or_insert(append_time(&m)? - killed_at);
+        }
+    }
+    let slowest = partition_ms.values().copied().max().unwrap_or_default();
+    for (p, ms) in &partition_ms {
+        println!("failover partition={p} ms={ms}");
+    }
+    let result = FailoverResult {
+        input,
+        output,
+        killed_pid: pid,
+        seconds: slowest as f64 / 1e3,
+        partition_ms,
+    };
+    println!(
+        "failover seconds={:.3} partitions={partitions} killed_at_ms={killed_at}",
+        result.seconds
+    );
+    if let Some(path) = flags.optional("json") {
+        write_json(path.as_ref(), &result)?;
+    }
     Ok(())
 }

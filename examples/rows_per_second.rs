@@ -45,21 +45,20 @@
 //! The clock covers the write calls only; the flush after them is reported on its own line.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use hdrhistogram::Histogram;
 use kstate::kstate_core::{Batch, KeyValueStore};
 use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore, RESTORE_FETCH_SETTINGS};
 use kstate::kstate_rocksdb::rocksdb::{self, ColumnFamilyDescriptor, DB, WriteOptions};
 use kstate::kstate_rocksdb::{
     Compression, METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore,
 };
-use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
-use rand::{RngCore, SeedableRng};
+use kstate_bench::latency::{Latency, LatencySummary};
+use kstate_bench::progress::Progress;
+use kstate_bench::report::write_json;
+use kstate_bench::workload::Rows;
 
 const PROGRESS_EVERY: u64 = 100_000;
 
@@ -383,36 +382,6 @@ fn names() -> String {
         .join(", ")
 }
 
-/// The rows every configuration writes, in the same shuffled order.
-struct Workload {
-    order: Vec<u64>,
-    value_pool: Vec<u8>,
-    value_size: usize,
-}
-
-impl Workload {
-    fn new(args: &Args) -> Self {
-        let mut rng = StdRng::seed_from_u64(args.seed);
-        let mut order: Vec<u64> = (0..args.rows).collect();
-        order.shuffle(&mut rng);
-        let mut value_pool = vec![0u8; args.value_size + 4096];
-        rng.fill_bytes(&mut value_pool);
-        Workload {
-            order,
-            value_pool,
-            value_size: args.value_size,
-        }
-    }
-
-    fn row(&self, i: usize) -> ([u8; 8], &[u8]) {
-        let offset = (i * 61) % 4096;
-        (
-            self.order[i].to_be_bytes(),
-            &self.value_pool[offset..offset + self.value_size],
-        )
-    }
-}
-
 /// What one configuration measured at one thread count.
 struct Outcome {
     /// From the first write to the last thread's last write.
@@ -420,7 +389,7 @@ struct Outcome {
     /// The slowest thread's flush after its writes.
     finish: Duration,
     /// Every write call of every thread.
-    latency_ns: Histogram<u64>,
+    latency: Latency,
     /// (rows, elapsed ms) at every progress line.
     progress: Vec<(u64, f64)>,
 }
@@ -433,10 +402,8 @@ struct ConfigResult {
     rows: u64,
     ms: f64,
     rows_per_sec: f64,
-    p50_us: f64,
-    p99_us: f64,
-    p999_us: f64,
-    max_us: f64,
+    #[serde(flatten)]
+    latency: LatencySummary,
     flush_ms: f64,
     progress: Vec<(u64, f64)>,
 }
@@ -461,68 +428,24 @@ struct RunResult {
     restore: Option<RestoreResult>,
 }
 
-/// Rows written so far by all threads of a configuration; prints the SAMZA-543 progress lines.
-struct Progress {
-    start: Instant,
-    rows: AtomicU64,
-    points: Mutex<Vec<(u64, f64)>>,
-}
-
-/// Rows a thread writes between updates of the shared count (keeps the atomic off the hot path).
-const PROGRESS_STRIDE: u64 = 1_000;
-
-impl Progress {
-    fn new() -> Self {
-        Progress {
-            start: Instant::now(),
-            rows: AtomicU64::new(0),
-            points: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Counts `n` more rows, printing a line for every multiple of [`PROGRESS_EVERY`] crossed.
-    fn add(&self, n: u64) {
-        let before = self.rows.fetch_add(n, Ordering::Relaxed);
-        let mut mark = (before / PROGRESS_EVERY + 1) * PROGRESS_EVERY;
-        while mark <= before + n {
-            let ms = self.start.elapsed().as_secs_f64() * 1e3;
-            println!("{mark} rows in {ms:.0} ms");
-            self.points
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push((mark, ms));
-            mark += PROGRESS_EVERY;
-        }
-    }
-
-    fn into_points(self) -> Vec<(u64, f64)> {
-        let mut points = self
-            .points
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        points.sort_by_key(|&(rows, _)| rows);
-        points
-    }
-}
-
 /// What one writer thread measured.
 struct ThreadOutcome {
     writes_done: Instant,
     finish: Duration,
-    latency_ns: Histogram<u64>,
+    latency: Latency,
 }
 
 /// One thread's write loop: rows `slot.index`, `slot.index + slot.threads`, ... of `rows`.
 fn write_rows(
     sink: &mut dyn RowSink,
-    work: &Workload,
+    work: &Rows,
     slot: Slot,
     rows: usize,
     batch: usize,
     progress: &Progress,
     writes_finished: &Barrier,
 ) -> Result<ThreadOutcome> {
-    let mut latency_ns = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut latency = Latency::new();
     let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(batch);
     let mine = rows.saturating_sub(slot.index).div_ceil(slot.threads);
     let mut unreported = 0;
@@ -539,9 +462,9 @@ fn write_rows(
                     pending.clear();
                 }
             }
-            latency_ns.saturating_record(call.elapsed().as_nanos() as u64);
+            latency.record(call.elapsed());
             unreported += 1;
-            if unreported == PROGRESS_STRIDE {
+            if unreported == Progress::STRIDE {
                 progress.add(unreported);
                 unreported = 0;
             }
@@ -560,7 +483,7 @@ fn write_rows(
     Ok(ThreadOutcome {
         writes_done,
         finish: flush_start.elapsed(),
-        latency_ns,
+        latency,
     })
 }
 
@@ -572,7 +495,7 @@ fn run_config(
     base: &Path,
     args: &Args,
     context: &RunContext,
-    work: &Workload,
+    work: &Rows,
 ) -> Result<Outcome> {
     let dir = base.join(format!("{}-t{threads}", config.name));
     // Each store gets the options (and memory budget) a one-thread run has, so the thread
@@ -589,7 +512,7 @@ fn run_config(
             .with_context(|| format!("{}: open {}", config.name, path.display()))
         })
         .collect::<Result<Vec<_>>>()?;
-    let progress = Progress::new();
+    let progress = Progress::new("rows", PROGRESS_EVERY);
     let writes_finished = Barrier::new(threads);
     let outcomes = std::thread::scope(|scope| {
         let handles: Vec<_> = sinks
@@ -619,9 +542,9 @@ fn run_config(
     .with_context(|| config.name)?;
     drop(sinks);
     std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
-    let mut latency_ns = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut latency = Latency::new();
     for outcome in &outcomes {
-        latency_ns.add(&outcome.latency_ns)?;
+        latency.merge(&outcome.latency)?;
     }
     let last_write = outcomes
         .iter()
@@ -629,16 +552,16 @@ fn run_config(
         .max()
         .context("no threads")?;
     Ok(Outcome {
-        elapsed: last_write - progress.start,
+        elapsed: last_write - progress.start(),
         finish: outcomes.iter().map(|o| o.finish).max().unwrap_or_default(),
-        latency_ns,
+        latency,
         progress: progress.into_points(),
     })
 }
 
 fn main() -> Result<()> {
     let args = Args::parse()?;
-    let work = Workload::new(&args);
+    let work = Rows::new(args.rows, args.value_size, args.seed);
     let base = match &args.dir {
         Some(dir) => tempfile::tempdir_in(dir)?,
         None => tempfile::tempdir()?,
@@ -699,20 +622,14 @@ fn main() -> Result<()> {
             )?;
             let ms = outcome.elapsed.as_secs_f64() * 1e3;
             let rows_per_sec = rows as f64 / outcome.elapsed.as_secs_f64();
-            let h = &outcome.latency_ns;
-            let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+            let latency = outcome.latency.summary();
             println!(
                 "summary config={} threads={threads} rows={rows} ms={ms:.0} rows_per_sec={rows_per_sec:.0}",
                 config.name
             );
             println!(
-                "latency config={} threads={threads} calls={} p50_us={:.1} p99_us={:.1} p999_us={:.1} max_us={:.1} flush_ms={:.0}",
+                "latency config={} threads={threads} {latency} flush_ms={:.0}",
                 config.name,
-                h.len(),
-                us(0.50),
-                us(0.99),
-                us(0.999),
-                h.max() as f64 / 1e3,
                 outcome.finish.as_secs_f64() * 1e3
             );
             results.push(ConfigResult {
@@ -721,10 +638,7 @@ fn main() -> Result<()> {
                 rows,
                 ms,
                 rows_per_sec,
-                p50_us: us(0.50),
-                p99_us: us(0.99),
-                p999_us: us(0.999),
-                max_us: h.max() as f64 / 1e3,
+                latency,
                 flush_ms: outcome.finish.as_secs_f64() * 1e3,
                 progress: outcome.progress,
             });
@@ -752,8 +666,7 @@ fn main() -> Result<()> {
             configs: results,
             restore,
         };
-        std::fs::write(path, serde_json::to_string_pretty(&run)?)
-            .with_context(|| format!("write {}", path.display()))?;
+        write_json(path, &run)?;
         println!("wrote {}", path.display());
     }
     if !skipped.is_empty() {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::streams::wait_for;
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{
-    CancelToken, ChangelogConfig, ChangelogError, LoggedStore, OpenHooks, RestoredStore,
-    SharedProducer, follow_changelog,
+    CancelToken, ChangelogConfig, ChangelogError, LoggedStore, OpenHooks, RestoreClients,
+    RestoredStore, SharedProducer, follow_changelog,
 };
 use kstate::kstate_rocksdb::RocksDbOptions;
 use kstate_test_broker::unique_topic;
@@ -80,6 +80,107 @@ async fn stores_sharing_one_producer_restore_exactly_what_each_wrote() -> anyhow
         assert_eq!(common::contents(&reopened)?, expected[p as usize]);
         reopened.close()?;
     }
+    Ok(())
+}
+
+/// The task runtime's restorer keeps one set of clients for every restore it runs. Each restore
+/// through it must read its own topic partition and nothing of the one before (the consumer is
+/// reassigned each time), including a topic that the restore itself has just created (its leader
+/// still being elected: a warm client is told "not leader" at once, and must ask again).
+#[tokio::test(flavor = "multi_thread")]
+async fn one_set_of_restore_clients_restores_store_after_store_each_exactly_its_own()
+-> anyhow::Result<()> {
+    let (first, second, fresh) = (
+        unique_topic("clients-a"),
+        unique_topic("clients-b"),
+        unique_topic("clients-new"),
+    );
+    let dir = tempfile::tempdir()?;
+    let config = |topic: &str, p: i32, partitions: i32| -> anyhow::Result<ChangelogConfig> {
+        Ok(
+            ChangelogConfig::new(kstate_test_broker::bootstrap_servers()?, topic, p)
+                .partitions(partitions)
+                .open_timeout(Duration::from_secs(30))
+                .delivery_timeout(Duration::from_secs(20)),
+        )
+    };
+    let mut expected = Vec::new();
+    for (topic, p, partitions, rows) in [
+        (&first, 0, 2, 3_000u32),
+        (&first, 1, 2, 2_000),
+        (&second, 0, 1, 1_000),
+    ] {
+        let store = LoggedStore::open(
+            dir.path().join(format!("writer-{topic}-{p}")),
+            &RocksDbOptions::default(),
+            config(topic, p, partitions)?,
+        )?;
+        for i in 0..rows {
+            store.put(&key(i), format!("{topic}/{p}/{i}").as_bytes())?;
+        }
+        expected.push((config(topic, p, partitions)?, common::contents(&store)?));
+        store.close()?;
+    }
+    // A topic nobody wrote: the restore creates it, then reads its (empty) end at once.
+    expected.push((config(&fresh, 0, 1)?, Default::default()));
+    // The first store once more, into another directory: nothing of the others may leak in.
+    expected.push(expected[0].clone());
+
+    let clients = RestoreClients::new(&expected[0].0)?;
+    for (n, (config, contents)) in expected.iter().enumerate() {
+        let path = dir.path().join(format!("restored-{n}"));
+        let restored = RestoredStore::restore_with(
+            &path,
+            &RocksDbOptions::default(),
+            config.clone(),
+            &OpenHooks::default(),
+            &clients,
+        )?;
+        assert_eq!(
+            restored.report().records,
+            contents.len() as u64,
+            "restore {n}"
+        );
+        drop(restored);
+        let reopened = LoggedStore::open(&path, &RocksDbOptions::default(), config.clone())?;
+        assert_eq!(
+            reopened.restore_report().records,
+            0,
+            "restore {n} was complete"
+        );
+        assert_eq!(
+            &common::contents(&reopened)?,
+            contents,
+            "restore {n}: {}",
+            config.topic()
+        );
+        reopened.close()?;
+    }
+
+    // Clients made for other client properties are refused, without printing their values.
+    let other = expected[0]
+        .0
+        .clone()
+        .client_property("sasl.password", "hunter2");
+    let err = RestoredStore::restore_with(
+        dir.path().join("refused"),
+        &RocksDbOptions::default(),
+        other,
+        &OpenHooks::default(),
+        &clients,
+    )
+    .expect_err("clients for another configuration");
+    assert!(matches!(err, ChangelogError::InvalidConfig { .. }), "{err}");
+    let clients_with_secret = RestoreClients::new(
+        &expected[0]
+            .0
+            .clone()
+            .client_property("sasl.password", "hunter2"),
+    );
+    if let Ok(c) = &clients_with_secret {
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+    assert!(!err.to_string().contains("hunter2"), "{err}");
     Ok(())
 }
 

@@ -11,12 +11,16 @@
 #      and kstate's count-by-key task (`examples/e2e.rs kstate`, coalescing off, then on), and a
 #      bare rdkafka pipe doing the same broker work with no state (consume one, produce two);
 #      each measured by `e2e measure` from its output topic's broker append times;
-#   5. the last lines compare the rates:
+#   5. the failover (failover.sh, whose header says how): two copies of each system's count-by-key
+#      application, one SIGKILLed with about 1 GB of state; seconds until the survivor has
+#      processed a record of every partition that moved to it;
+#   6. the last lines compare the rates:
 #        restore kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        puts kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-alos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-alos-cached kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-pipe rdkafka=<r>/s kstate=<r>/s ratio=<kstate/rdkafka>
+#        failover kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
 #
 # ROWS: the first argument, else $ROWS, else 1000000.
 # Environment:
@@ -27,7 +31,9 @@
 #   KS_JAVA_OPTS             extra JVM options for the Kafka Streams runs (space-separated)
 #   E2E_ROWS                 records of the end-to-end runs (default: ROWS)
 #   E2E_PARTITIONS           the end-to-end input's partitions (default 4)
-#   ONLY=e2e                 run only the end-to-end part (4.)
+#   ONLY=e2e | ONLY=failover run only the end-to-end part (4.) or only the failover (5.)
+#   FAILOVER_*, SESSION_TIMEOUT_MS, HEARTBEAT_MS
+#                            the failover's settings (see failover.sh)
 #   KSTATE_E2E               kstate's e2e example binary (default next to rows_per_second)
 #   KEEP_TOPICS=1            keep the topics (and consumer groups) instead of deleting them
 #   LOG_DIR                  where the raw outputs go (default: a new temp dir, kept)
@@ -36,6 +42,9 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 ROOT=$(cd "$HERE/../.." && pwd -P)
 KAFKA_SCRIPT=$ROOT/scripts/kafka
+SCRIPT_NAME=compare.sh
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
 ROWS=${1:-${ROWS:-1000000}}
 ROWS=${ROWS//_/}
 KSTATE_BIN=${KSTATE_ROWS_PER_SECOND:-$HOME/.cache/kstate-target/release/examples/rows_per_second}
@@ -43,16 +52,12 @@ E2E_BIN=${KSTATE_E2E:-$(dirname "$KSTATE_BIN")/e2e}
 E2E_ROWS=${E2E_ROWS:-$ROWS}
 E2E_PARTITIONS=${E2E_PARTITIONS:-4}
 ONLY=${ONLY:-all}
-JAR=$HERE/target/kstate-kafka-streams-bench.jar
 STORE=store
 APP=kstate-vs-ks-$(date +%s)-$$
 CHANGELOG=$APP-$STORE-changelog
 read -r -a JAVA_OPTS <<<"${KS_JAVA_OPTS:-}"
 DELETE_TOPICS=(--delete-topics)
 [[ ${KEEP_TOPICS:-0} == 0 ]] || DELETE_TOPICS=()
-
-log() { printf 'compare.sh: %s\n' "$*" >&2; }
-die() { printf 'compare.sh: error: %s\n' "$*" >&2; exit 1; }
 
 [[ $ROWS =~ ^[1-9][0-9]*$ ]] || die "ROWS must be a positive whole number (got '$ROWS')"
 
@@ -65,58 +70,16 @@ Build it with:
 EOF
     exit 1
 fi
-command -v java >/dev/null 2>&1 || die "java (17+) is required: apt-get install -y openjdk-17-jdk-headless"
 
 LOG_DIR=${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/kstate-vs-kafka-streams.XXXXXX")}
 mkdir -p "$LOG_DIR"
 
-# ------------------------------------------------------------------ the Java side
+# ------------------------------------------------------------------ the Java side, the broker
 
-jar_is_stale() {
-    [[ -f $JAR ]] || return 0
-    [[ -n $(find "$HERE/pom.xml" "$HERE/src" -newer "$JAR" -print -quit) ]]
-}
-
-if jar_is_stale; then
-    command -v mvn >/dev/null 2>&1 || die "maven is required to build $JAR: apt-get install -y maven"
-    log "building $JAR (mvn package; log: $LOG_DIR/mvn.log)"
-    # Offline first: after the first build everything is in ~/.m2.
-    if ! mvn -B -q -o -f "$HERE/pom.xml" package >"$LOG_DIR/mvn.log" 2>&1; then
-        mvn -B -q -f "$HERE/pom.xml" package >>"$LOG_DIR/mvn.log" 2>&1 || {
-            tail -n 40 "$LOG_DIR/mvn.log" >&2
-            die "mvn package failed (log: $LOG_DIR/mvn.log)"
-        }
-    fi
-fi
-
-# ------------------------------------------------------------------ the broker
-
-STARTED_BROKER=0
-cleanup() {
-    if [[ $STARTED_BROKER == 1 ]]; then
-        log "stopping the broker this script started"
-        "$KAFKA_SCRIPT" stop >&2 || log "warning: scripts/kafka stop failed"
-    fi
-}
-trap cleanup EXIT
-
-if [[ -n ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
-    BOOTSTRAP=$KAFKA_BOOTSTRAP_SERVERS
-    USE_SCRIPT=0
-else
-    USE_SCRIPT=1
-    if ! "$KAFKA_SCRIPT" status >/dev/null 2>&1; then
-        STARTED_BROKER=1
-    fi
-    BOOTSTRAP=$("$KAFKA_SCRIPT" start | tail -n 1)
-fi
-[[ -n $BOOTSTRAP ]] || die "no broker address"
+ensure_jar "$LOG_DIR/mvn.log"
+trap stop_started_broker EXIT
+broker_up
 log "broker $BOOTSTRAP; rows $ROWS; app $APP; raw outputs in $LOG_DIR"
-
-# Keeps scripts/kafka's idle watchdog away during long runs.
-touch_lease() {
-    if [[ $USE_SCRIPT == 1 ]]; then "$KAFKA_SCRIPT" touch >/dev/null 2>&1 || true; fi
-}
 
 # field FILE SED_EXPRESSION WHAT: the one value the expression captures, or die.
 field() {
@@ -129,7 +92,8 @@ field() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 rate() { awk -v n="$1" -v ms="$2" 'BEGIN { printf "%.0f", n / (ms / 1000) }'; }
 
-if [[ $ONLY != e2e ]]; then
+[[ $ONLY == all || $ONLY == e2e || $ONLY == failover ]] || die "ONLY=$ONLY: e2e or failover"
+if [[ $ONLY == all ]]; then
 # ------------------------------------------------------------------ a. kstate
 
 log "a. kstate: rows_per_second --configs logged-group --rows $ROWS --restore-topic $CHANGELOG"
@@ -175,6 +139,7 @@ touch_lease
 
 fi
 
+if [[ $ONLY != failover ]]; then
 # ------------------------------------------------------------------ d. end to end
 
 e2e() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$E2E_BIN" "$@"; }
@@ -228,20 +193,39 @@ if [[ ${KEEP_TOPICS:-0} == 0 ]]; then
     done
 fi
 
-# ------------------------------------------------------------------ e. the comparison
+fi
+
+# ------------------------------------------------------------------ e. the failover
+
+failover_line=
+if [[ $ONLY != e2e ]]; then
+    log "e. failover (failover.sh; logs in $LOG_DIR/failover)"
+    KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/failover \
+        "$HERE/failover.sh" | tee "$LOG_DIR/failover.out"
+    failover_line=$(grep '^failover kafka-streams=' "$LOG_DIR/failover.out" | tail -n 1)
+    [[ -n $failover_line ]] || die "failover.sh printed no result line"
+    touch_lease
+fi
+
+# ------------------------------------------------------------------ f. the comparison
 
 echo
-if [[ $ONLY != e2e && -n $ks_acked ]]; then
+if [[ $ONLY == all && -n $ks_acked ]]; then
     # Secondary: each side's clock until the changelog holds every put (kstate: put calls plus
     # close; kafka-streams: first put until the changelog's end offset reaches ROWS).
     kstate_durable=$(rate "$ROWS" $((kstate_puts_ms + kstate_flush_ms)))
     echo "puts-until-changelog-complete kafka-streams=$ks_acked/s kstate=$kstate_durable/s" \
         "ratio=$(ratio "$kstate_durable" "$ks_acked")"
 fi
-if [[ $ONLY != e2e ]]; then
+if [[ $ONLY == all ]]; then
     echo "restore kafka-streams=$ks_restore/s kstate=$kstate_restore/s ratio=$(ratio "$kstate_restore" "$ks_restore")"
     echo "puts kafka-streams=$ks_puts/s kstate=$kstate_puts/s ratio=$(ratio "$kstate_puts" "$ks_puts")"
 fi
-echo "e2e-alos kafka-streams=$e2e_ks/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_ks")"
-echo "e2e-alos-cached kafka-streams=$e2e_ks_cached/s kstate=$e2e_kstate_cached/s ratio=$(ratio "$e2e_kstate_cached" "$e2e_ks_cached")"
-echo "e2e-pipe rdkafka=$e2e_pipe/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_pipe")"
+if [[ $ONLY != failover ]]; then
+    echo "e2e-alos kafka-streams=$e2e_ks/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_ks")"
+    echo "e2e-alos-cached kafka-streams=$e2e_ks_cached/s kstate=$e2e_kstate_cached/s ratio=$(ratio "$e2e_kstate_cached" "$e2e_ks_cached")"
+    echo "e2e-pipe rdkafka=$e2e_pipe/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_pipe")"
+fi
+if [[ -n $failover_line ]]; then
+    echo "$failover_line"
+fi

@@ -30,19 +30,13 @@ pub fn produce(
 ) -> anyhow::Result<()> {
     let producer = producer(servers)?;
     for (partition, key, value) in records {
-        let mut record = BaseRecord::to(topic)
-            .partition(*partition)
-            .key(key)
-            .payload(value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-        }
+        kstate_bench::kafka::send(
+            &producer,
+            BaseRecord::to(topic)
+                .partition(*partition)
+                .key(&key[..])
+                .payload(&value[..]),
+        );
     }
     producer.flush(Duration::from_secs(60))?;
     anyhow::ensure!(producer.in_flight_count() == 0, "input not acknowledged");

@@ -35,6 +35,6 @@ pub use logged_store::LoggedStore;
 pub use position::{ChangelogPosition, FORMAT_VERSION};
 pub use producer::SharedProducer;
 pub use restore::{
-    BatchRestored, CancelToken, OpenHooks, RESTORE_FETCH_SETTINGS, RecordCheck, RestoreListener,
-    RestoreReport, RestoreStart, RestoredStore, follow_changelog,
+    BatchRestored, CancelToken, OpenHooks, RESTORE_FETCH_SETTINGS, RecordCheck, RestoreClients,
+    RestoreListener, RestoreReport, RestoreStart, RestoredStore, follow_changelog,
 };

@@ -15,12 +15,13 @@ use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
+use crate::restore::RestoreClients;
 
 /// What the store needs to know of its topic.
 #[derive(Debug, Clone)]
@@ -29,22 +30,12 @@ pub(crate) struct TopicFacts {
     pub(crate) delete_retention: Option<Duration>,
 }
 
-/// A client for metadata and watermark queries: `read_uncommitted`, so that its watermark query
-/// answers with the real high watermark (see [`crate::restore`]'s `end` module).
-pub(crate) fn metadata_client(config: &ChangelogConfig) -> Result<BaseConsumer, ChangelogError> {
-    config
-        .client_config()
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .map_err(|source| kafka(config, "create metadata client", source))
-}
-
 /// Makes sure the changelog topic exists (creating it when `create` allows), is compacted and
-/// has the configured partition count and settings, asking through `probe` (a
-/// [`metadata_client`]). `Ok(None)`: it is missing and was not created.
+/// has the configured partition count and settings, asking through `clients`. `Ok(None)`: it is
+/// missing and was not created.
 pub(crate) fn ensure_topic(
     config: &ChangelogConfig,
-    probe: &BaseConsumer,
+    clients: &RestoreClients,
     create: bool,
 ) -> Result<Option<TopicFacts>, ChangelogError> {
     let outside = match config.partitions {
@@ -61,7 +52,8 @@ pub(crate) fn ensure_topic(
             ),
         });
     }
-    let metadata = probe
+    let metadata = clients
+        .probe
         .fetch_metadata(Some(&config.topic), config.open_timeout)
         .map_err(|source| ChangelogError::BrokerUnreachable {
             bootstrap_servers: config.bootstrap_servers.clone(),
@@ -75,25 +67,22 @@ pub(crate) fn ensure_topic(
         if !create {
             return Ok(None);
         }
-        create_topic(config)?;
+        create_topic(config, &clients.admin)?;
     }
-    verify_topic(config, probe).map(Some)
+    verify_topic(config, clients).map(Some)
 }
 
-fn kafka(config: &ChangelogConfig, operation: &'static str, source: KafkaError) -> ChangelogError {
+pub(crate) fn kafka(
+    config: &ChangelogConfig,
+    operation: &'static str,
+    source: KafkaError,
+) -> ChangelogError {
     ChangelogError::Kafka {
         topic: config.topic.clone(),
         partition: config.partition,
         operation,
         source,
     }
-}
-
-fn admin(config: &ChangelogConfig) -> Result<AdminClient<DefaultClientContext>, ChangelogError> {
-    config
-        .client_config()
-        .create()
-        .map_err(|source| kafka(config, "create admin client", source))
 }
 
 /// Runs an admin future to completion on this thread. rdkafka's admin client drives its futures
@@ -117,7 +106,10 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
-fn create_topic(config: &ChangelogConfig) -> Result<(), ChangelogError> {
+fn create_topic(
+    config: &ChangelogConfig,
+    admin: &AdminClient<DefaultClientContext>,
+) -> Result<(), ChangelogError> {
     let Some(partitions) = config.partitions else {
         return Err(ChangelogError::InvalidConfig {
             topic: config.topic.clone(),
@@ -126,7 +118,6 @@ fn create_topic(config: &ChangelogConfig) -> Result<(), ChangelogError> {
                 .into(),
         });
     };
-    let admin = admin(config)?;
     let min_isr = config.min_insync_replicas.map(|n| n.to_string());
     let max_message = (config.max_record_bytes > crate::config::DEFAULT_MAX_RECORD_BYTES)
         .then(|| (config.max_record_bytes + crate::config::RECORD_OVERHEAD).to_string());
@@ -166,12 +157,13 @@ fn create_topic(config: &ChangelogConfig) -> Result<(), ChangelogError> {
 
 fn verify_topic(
     config: &ChangelogConfig,
-    probe: &BaseConsumer,
+    clients: &RestoreClients,
 ) -> Result<TopicFacts, ChangelogError> {
     // Metadata of a just-created topic can take a moment to show every partition.
     let deadline = std::time::Instant::now() + config.open_timeout;
     let (actual, replicas) = loop {
-        let metadata = probe
+        let metadata = clients
+            .probe
             .fetch_metadata(Some(&config.topic), config.open_timeout)
             .map_err(|source| kafka(config, "read topic metadata", source))?;
         let (count, replicas) = metadata
@@ -218,11 +210,13 @@ fn verify_topic(
             config.partition, config.replication_factor
         )));
     }
-    let admin = admin(config)?;
     let options = AdminOptions::new().request_timeout(Some(config.open_timeout));
-    let described =
-        block_on(admin.describe_configs(&[ResourceSpecifier::Topic(&config.topic)], &options))
-            .map_err(|source| kafka(config, "describe changelog topic", source))?;
+    let described = block_on(
+        clients
+            .admin
+            .describe_configs(&[ResourceSpecifier::Topic(&config.topic)], &options),
+    )
+    .map_err(|source| kafka(config, "describe changelog topic", source))?;
     let resource = described.into_iter().next().and_then(Result::ok);
     let setting = |name: &str| {
         resource

@@ -4,6 +4,8 @@
 //! (`max.poll.interval.ms`).
 //!
 //! One job per task, in assignment order; a revoked task's job is cancelled through its token.
+//! The thread keeps one set of Kafka clients for all its restores ([`RestoreClients`]): a cold
+//! set costs about a second per store, which a failover that moves many tasks would pay for each.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,8 +13,8 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use kstate_kafka::{
-    BatchRestored, CancelToken, ChangelogConfig, ChangelogError, OpenHooks, RestoreListener,
-    RestoreReport, RestoreStart, RestoredStore,
+    BatchRestored, CancelToken, ChangelogConfig, ChangelogError, OpenHooks, RestoreClients,
+    RestoreListener, RestoreReport, RestoreStart, RestoredStore,
 };
 use kstate_rocksdb::RocksDbOptions;
 
@@ -66,10 +68,15 @@ fn restore_one(
     options: &RocksDbOptions,
     config: ChangelogConfig,
     hooks: &OpenHooks,
+    clients: &mut Option<RestoreClients>,
 ) -> Result<RestoredStore, ChangelogError> {
+    let clients = match clients {
+        Some(c) if c.suits(&config) => c,
+        _ => clients.insert(RestoreClients::new(&config)?),
+    };
     let deadline = Instant::now() + DIRECTORY_WAIT;
     loop {
-        match RestoredStore::restore(path, options, config.clone(), hooks) {
+        match RestoredStore::restore_with(path, options, config.clone(), hooks, clients) {
             Err(e) if e.to_string().contains("LOCK") && Instant::now() < deadline => {
                 if hooks.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
                     return Err(e);
@@ -88,6 +95,7 @@ pub(crate) fn run(
     options: RocksDbOptions,
     listener: Option<Arc<dyn RestoreListener>>,
 ) {
+    let mut clients = None;
     for job in jobs {
         if job.cancel.is_cancelled() {
             continue;
@@ -113,7 +121,7 @@ pub(crate) fn run(
                 )));
                 break;
             }
-            match restore_one(&path, &options, config, &hooks) {
+            match restore_one(&path, &options, config, &hooks, &mut clients) {
                 Ok(store) => restored.push(store),
                 Err(e) => {
                     result = Err(e);

@@ -11,6 +11,8 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
@@ -47,14 +49,25 @@ pub(crate) fn capture_end(
         source,
     };
     let started = Instant::now();
+    // A partition whose leader is still being elected (a topic created a moment ago, a broker
+    // restarting) answers "not leader" at once; a client that already knows the cluster asks
+    // again instead of failing the restore.
+    let watermarks = |client: &BaseConsumer| loop {
+        match client.fetch_watermarks(topic, partition, config.open_timeout) {
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::UnknownTopicOrPartition,
+            )) if started.elapsed() < config.open_timeout => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            result => return result.map_err(unreachable),
+        }
+    };
     let mut logged = false;
     loop {
-        let (low, high) = uncommitted
-            .fetch_watermarks(topic, partition, config.open_timeout)
-            .map_err(unreachable)?;
-        let (_, stable) = committed
-            .fetch_watermarks(topic, partition, config.open_timeout)
-            .map_err(unreachable)?;
+        let (low, high) = watermarks(uncommitted)?;
+        let (_, stable) = watermarks(committed)?;
         if stable >= high {
             return Ok(Watermarks { low, high });
         }

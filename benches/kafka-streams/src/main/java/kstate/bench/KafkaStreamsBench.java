@@ -78,6 +78,7 @@ public final class KafkaStreamsBench {
             case "restore" -> rc = restore(opts);
             case "puts" -> rc = puts(opts);
             case "e2e" -> rc = e2e(opts);
+            case "serve" -> rc = serve(opts);
             default -> {
                 usage();
                 rc = 2;
@@ -95,7 +96,9 @@ public final class KafkaStreamsBench {
                         + "  puts --bootstrap B --rows N [--application-id APP] [--store STORE]"
                         + " [--topology papi|dsl] [--value-size BYTES] [--seed N] [--delete-topics]\n"
                         + "  e2e --bootstrap B --application-id APP --input TOPIC --output TOPIC --rows N"
-                        + " [--caching on|off]");
+                        + " [--caching on|off]\n"
+                        + "  serve --bootstrap B --application-id APP --input TOPIC --output TOPIC --state-dir DIR"
+                        + " [--session-timeout-ms N] [--heartbeat-interval-ms N]");
     }
 
     private static Map<String, String> parse(String[] argv) {
@@ -315,27 +318,15 @@ public final class KafkaStreamsBench {
         Path stateDir = Files.createTempDirectory("kstate-ks-e2e-");
         AtomicLong seen = new AtomicLong();
         CountDownLatch done = new CountDownLatch(1);
-        Materialized<byte[], Long, KeyValueStore<org.apache.kafka.common.utils.Bytes, byte[]>> counts =
-                Materialized.<byte[], Long, KeyValueStore<org.apache.kafka.common.utils.Bytes, byte[]>>as("counts")
-                        .withKeySerde(Serdes.ByteArray())
-                        .withValueSerde(Serdes.Long());
-        counts = caching ? counts.withCachingEnabled() : counts.withCachingDisabled();
-        StreamsBuilder builder = new StreamsBuilder();
-        builder.stream(input, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
-                .peek((k, v) -> {
-                    if (seen.incrementAndGet() == rows) {
-                        done.countDown();
-                    }
-                })
-                .groupByKey(org.apache.kafka.streams.kstream.Grouped.with(Serdes.ByteArray(), Serdes.ByteArray()))
-                .count(counts)
-                .toStream()
-                .mapValues(c -> Long.toString(c).getBytes(java.nio.charset.StandardCharsets.US_ASCII))
-                .to(output, org.apache.kafka.streams.kstream.Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
+        Topology topology = countTopology(input, output, caching, () -> {
+            if (seen.incrementAndGet() == rows) {
+                done.countDown();
+            }
+        });
         Properties props = streamsProps(bootstrap, app, stateDir);
         props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 100);
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, caching ? 10L * 1024 * 1024 : 0L);
-        KafkaStreams streams = new KafkaStreams(builder.build(), props);
+        KafkaStreams streams = new KafkaStreams(topology, props);
         AtomicReference<Throwable> failure = watch(streams);
         int rc = 0;
         try {
@@ -353,6 +344,82 @@ public final class KafkaStreamsBench {
             closeAndClean(streams, stateDir);
         }
         return rc;
+    }
+
+    /**
+     * {@code groupByKey().count()} of the input to the output, the count as decimal ASCII; the
+     * store is "counts" (changelog APP-counts-changelog), caching on or off; {@code onRecord} runs
+     * for every input record.
+     */
+    private static Topology countTopology(String input, String output, boolean caching, Runnable onRecord) {
+        Materialized<byte[], Long, KeyValueStore<org.apache.kafka.common.utils.Bytes, byte[]>> counts =
+                Materialized.<byte[], Long, KeyValueStore<org.apache.kafka.common.utils.Bytes, byte[]>>as("counts")
+                        .withKeySerde(Serdes.ByteArray())
+                        .withValueSerde(Serdes.Long());
+        counts = caching ? counts.withCachingEnabled() : counts.withCachingDisabled();
+        StreamsBuilder builder = new StreamsBuilder();
+        builder.stream(input, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                .peek((k, v) -> onRecord.run())
+                .groupByKey(org.apache.kafka.streams.kstream.Grouped.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                .count(counts)
+                .toStream()
+                .mapValues(c -> Long.toString(c).getBytes(java.nio.charset.StandardCharsets.US_ASCII))
+                .to(output, org.apache.kafka.streams.kstream.Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
+        return builder.build();
+    }
+
+    /**
+     * The failover benchmark's copy (failover.sh): the e2e topology with caching off and
+     * commit.interval.ms=100, state in {@code --state-dir} (kept), the consumer's
+     * session.timeout.ms and heartbeat.interval.ms as given (the same values kstate's copies get),
+     * running until killed or SIGTERM. Prints a line when a restore starts and ends, with the
+     * wall-clock time in ms, so the failover's seconds can be split into detection and restore.
+     */
+    private static int serve(Map<String, String> opts) throws Exception {
+        String bootstrap = required(opts, "bootstrap");
+        String app = required(opts, "application-id");
+        String input = required(opts, "input");
+        String output = required(opts, "output");
+        Path stateDir = Path.of(required(opts, "state-dir"));
+        Files.createDirectories(stateDir);
+        Topology topology = countTopology(input, output, false, () -> {});
+        Properties props = streamsProps(bootstrap, app, stateDir);
+        props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 100);
+        props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0L);
+        props.put(StreamsConfig.consumerPrefix("session.timeout.ms"), (int) number(opts, "session-timeout-ms", 45000));
+        props.put(StreamsConfig.consumerPrefix("heartbeat.interval.ms"), (int) number(opts, "heartbeat-interval-ms", 3000));
+        KafkaStreams streams = new KafkaStreams(topology, props);
+        AtomicReference<Throwable> failure = watch(streams);
+        streams.setGlobalStateRestoreListener(new StateRestoreListener() {
+            @Override
+            public void onRestoreStart(TopicPartition tp, String store, long start, long end) {
+                System.err.printf("kafka-streams serve: restore %s/%d from %d to %d at_ms=%d%n", tp.topic(),
+                        tp.partition(), start, end, System.currentTimeMillis());
+            }
+
+            @Override
+            public void onBatchRestored(TopicPartition tp, String store, long batchEnd, long records) {}
+
+            @Override
+            public void onRestoreEnd(TopicPartition tp, String store, long total) {
+                System.err.printf("kafka-streams serve: restored %s/%d (%d records) at_ms=%d%n", tp.topic(),
+                        tp.partition(), total, System.currentTimeMillis());
+            }
+        });
+        CountDownLatch stopped = new CountDownLatch(1);
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            streams.close(java.time.Duration.ofMinutes(1));
+            stopped.countDown();
+        }));
+        streams.start();
+        System.err.println("kafka-streams serve: " + app + " running");
+        while (!stopped.await(1, TimeUnit.SECONDS)) {
+            if (failure.get() != null) {
+                System.err.println("kafka-streams serve: failed: " + failure.get());
+                return 1;
+            }
+        }
+        return 0;
     }
 
     /** Counts the puts; records when the first and the last one happened. */

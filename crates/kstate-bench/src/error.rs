@@ -1,0 +1,55 @@
+//! One error type for the harness, naming what it was doing (topic, file, flag).
+
+use std::path::PathBuf;
+
+/// What went wrong while measuring.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A flag is missing or its value does not parse.
+    #[error("--{flag}: {message}")]
+    Flag {
+        /// The flag, without its dashes.
+        flag: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A Kafka client call failed.
+    #[error("{what}: {source}")]
+    Kafka {
+        /// The call and the topic it was for.
+        what: String,
+        /// librdkafka's error.
+        source: rdkafka::error::KafkaError,
+    },
+    /// The broker did not do what the measurement needs (records not acknowledged, a topic
+    /// without append times, a read that stalled).
+    #[error("{0}")]
+    Broker(String),
+    /// A result could not be written.
+    #[error("write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A result could not be encoded as JSON.
+    #[error("encode JSON for {}: {source}", path.display())]
+    Json {
+        /// The file it was for.
+        path: PathBuf,
+        /// serde_json's error.
+        source: serde_json::Error,
+    },
+    /// Two histograms could not be merged (different bounds).
+    #[error("merge latency histograms: {0}")]
+    Histogram(#[from] hdrhistogram::errors::AdditionError),
+}
+
+impl BenchError {
+    /// A Kafka error while doing `what`.
+    pub fn kafka(what: impl Into<String>) -> impl FnOnce(rdkafka::error::KafkaError) -> Self {
+        let what = what.into();
+        move |source| BenchError::Kafka { what, source }
+    }
+}
