@@ -159,6 +159,17 @@ impl Task {
         producer: &SharedProducer,
         record: &Record<'_>,
     ) -> Result<(), TaskError> {
+        if self
+            .offsets
+            .get(record.topic)
+            .is_some_and(|&(next, _)| record.offset < next)
+        {
+            // Processed here already: librdkafka delivered it again (see the test
+            // `a_record_delivered_again_is_not_processed_twice`). Offsets only grow within a
+            // partition, so this is never a record the task has not seen.
+            metrics::counter!("kstate_task_redelivered_records").increment(1);
+            return Ok(());
+        }
         if let Some(ts) = record.timestamp {
             self.stream_time = Some(self.stream_time.map_or(ts, |t| t.max(ts)));
         }
@@ -294,5 +305,76 @@ impl Task {
             }
         }
         first
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StoreOptions;
+    use kstate_core::BoxError;
+    use kstate_kafka::{ChangelogConfig, OpenHooks};
+    use kstate_rocksdb::RocksDbOptions;
+
+    /// Counts the records it is given.
+    struct Counting(Arc<AtomicU64>);
+
+    impl Processor for Counting {
+        fn process(&mut self, _: &mut Context<'_>, _: &Record<'_>) -> Result<(), BoxError> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    /// librdkafka can hand a record to the worker again: a partition paused before any of its
+    /// records was consumed resumes from the committed offset (or `auto.offset.reset`), not
+    /// from the records the worker already took while the pause took hold (librdkafka #672,
+    /// #1802). A task that processed an offset must not process it again: a count would count
+    /// it twice without any crash.
+    #[test]
+    fn a_record_delivered_again_is_not_processed_twice() -> Result<(), Box<dyn std::error::Error>> {
+        let servers = kstate_test_broker::bootstrap_servers()?;
+        let topic = kstate_test_broker::unique_topic("task-redelivered");
+        let dir = tempfile::tempdir()?;
+        let config = ChangelogConfig::new(servers, &topic, 0).partitions(1);
+        let restored = RestoredStore::restore(
+            dir.path().join("counts"),
+            &RocksDbOptions::default(),
+            config.clone(),
+            &OpenHooks::default(),
+        )?;
+        let producer = SharedProducer::new(&config)?;
+        let calls = Arc::new(AtomicU64::new(0));
+        let counter = calls.clone();
+        let factory: ProcessorFactory = Arc::new(move |_| Box::new(Counting(counter.clone())));
+        let specs = [StoreSpec {
+            name: "counts".into(),
+            options: StoreOptions::default(),
+        }];
+        let mut task = Task::start(
+            TaskId { partition: 0 },
+            &specs,
+            vec![restored],
+            &producer,
+            &factory,
+            Duration::from_secs(30),
+        )?;
+        for offset in [0, 1, 2, 1, 2, 3] {
+            let record = Record {
+                topic: "input",
+                partition: 0,
+                offset,
+                timestamp: None,
+                key: Some(b"k"),
+                value: None,
+            };
+            task.process(&producer, &record)?;
+        }
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            4,
+            "offsets 1 and 2 came twice; each must be processed once"
+        );
+        Ok(())
     }
 }
