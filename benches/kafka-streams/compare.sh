@@ -39,12 +39,9 @@
 #   LOG_DIR                  where the raw outputs go (default: a new temp dir, kept)
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-ROOT=$(cd "$HERE/../.." && pwd -P)
-KAFKA_SCRIPT=$ROOT/scripts/kafka
 SCRIPT_NAME=compare.sh
 # shellcheck source=lib.sh
-source "$HERE/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROWS=${1:-${ROWS:-1000000}}
 ROWS=${ROWS//_/}
 KSTATE_BIN=${KSTATE_ROWS_PER_SECOND:-$HOME/.cache/kstate-target/release/examples/rows_per_second}

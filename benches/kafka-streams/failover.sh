@@ -25,12 +25,9 @@
 # KEEP_TOPICS=1, LOG_DIR (default a new temp dir, kept; the state dirs under it are removed).
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-ROOT=$(cd "$HERE/../.." && pwd -P)
-KAFKA_SCRIPT=$ROOT/scripts/kafka
 SCRIPT_NAME=failover.sh
 # shellcheck source=lib.sh
-source "$HERE/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BIN_DIR=${KSTATE_BIN_DIR:-$HOME/.cache/kstate-target/release/examples}
 E2E_BIN=$BIN_DIR/e2e
 COUNT_BIN=$BIN_DIR/count_by_key

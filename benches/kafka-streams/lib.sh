@@ -1,10 +1,14 @@
 # benches/kafka-streams/lib.sh: what compare.sh and failover.sh share; sourced, not run.
 #
-# Before sourcing: HERE (this folder), KAFKA_SCRIPT (scripts/kafka), SCRIPT_NAME (for messages).
-# Gives: log, die, JAR and ensure_jar (the Kafka Streams side, rebuilt when its sources are
-# newer), broker_up (sets BOOTSTRAP; KAFKA_BOOTSTRAP_SERVERS if set, else scripts/kafka start),
+# Before sourcing: SCRIPT_NAME (for messages).
+# Gives: HERE (this folder), ROOT (the checkout), KAFKA_SCRIPT (scripts/kafka), log, die, JAR
+# and ensure_jar (the Kafka Streams side, rebuilt when its sources are newer), broker_up (sets BOOTSTRAP; KAFKA_BOOTSTRAP_SERVERS if set, else scripts/kafka start),
 # stop_started_broker (for an EXIT trap: stops the broker only if broker_up started it),
 # touch_lease (keeps scripts/kafka's idle watchdog away during long runs).
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+ROOT=$(cd "$HERE/../.." && pwd -P)
+KAFKA_SCRIPT=$ROOT/scripts/kafka
 
 log() { printf '%s: %s\n' "$SCRIPT_NAME" "$*" >&2; }
 die() { printf '%s: error: %s\n' "$SCRIPT_NAME" "$*" >&2; exit 1; }

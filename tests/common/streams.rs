@@ -8,19 +8,10 @@ use rdkafka::Offset;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 
 /// A record read back: partition, offset, key, value.
 pub type ReadRecord = (i32, i64, Vec<u8>, Option<Vec<u8>>);
-
-/// A producer for test input (idempotent, acks=all).
-pub fn producer(servers: &str) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
-    Ok(rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()?)
-}
 
 /// Writes `(partition, key, value)` records to `topic` and waits until all are acknowledged.
 pub fn produce(
@@ -28,7 +19,7 @@ pub fn produce(
     topic: &str,
     records: &[(i32, Vec<u8>, Vec<u8>)],
 ) -> anyhow::Result<()> {
-    let producer = producer(servers)?;
+    let producer = kstate_bench::kafka::producer(servers, 5, DefaultProducerContext)?;
     for (partition, key, value) in records {
         kstate_bench::kafka::send(
             &producer,
