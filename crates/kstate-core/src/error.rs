@@ -130,6 +130,21 @@ pub enum PoisonReason {
     },
 }
 
+impl PoisonReason {
+    /// Whether this is the failure of some writes (not delivered, not acknowledged in time, a
+    /// client error) rather than a disagreement between the store and its durable source
+    /// (another writer, acknowledgements out of order, a local write that failed). Under a
+    /// transaction, aborting it drops those writes and clears a transient failure.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            PoisonReason::Timeout { .. }
+                | PoisonReason::DeliveryFailed { .. }
+                | PoisonReason::ClientFailed { .. }
+        )
+    }
+}
+
 impl fmt::Display for PoisonReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -220,3 +220,53 @@ pub enum ChangelogError {
         source: std::io::Error,
     },
 }
+
+/// Why a transaction of a transactional [`SharedProducer`](crate::SharedProducer) did not
+/// commit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransactionError {
+    /// The transaction was aborted: none of its records or offsets is visible to
+    /// `read_committed` readers, and every attached store is as at the last commit. The next
+    /// transaction is open; rewind the input to its committed offsets and go on.
+    #[error(
+        "transaction of {transactional_id} aborted ({reason}); the stores are as at the last commit"
+    )]
+    Aborted {
+        /// The producer's transactional id.
+        transactional_id: String,
+        /// What made it abort.
+        reason: String,
+    },
+    /// The producer cannot go on (fenced by a newer producer with the same transactional id,
+    /// or another fatal error): nothing of the open transaction was applied to any store. Drop
+    /// the producer and its stores; a new producer and a restore start over.
+    #[error("transactional producer {transactional_id} failed for good in {operation}: {message}")]
+    Fatal {
+        /// The producer's transactional id.
+        transactional_id: String,
+        /// The call that failed.
+        operation: &'static str,
+        /// The client's error.
+        message: String,
+    },
+    /// A store cannot go on: it could not apply a committed transaction, or its changelog
+    /// disagrees with it (another writer). Reopen it (the restore replays what it lacks).
+    #[error("transaction of {transactional_id}: store {store}: {source}")]
+    Store {
+        /// The producer's transactional id.
+        transactional_id: String,
+        /// The store.
+        store: String,
+        /// Its error.
+        #[source]
+        source: kstate_core::Error,
+    },
+}
+
+impl TransactionError {
+    /// Whether the transaction was aborted and everything may go on after a rewind.
+    pub fn is_aborted(&self) -> bool {
+        matches!(self, TransactionError::Aborted { .. })
+    }
+}

@@ -9,6 +9,9 @@
 //!   its own ([`RestoredStore`], cancellable through a [`CancelToken`]), then
 //!   [`LoggedStore::attach`]ed to a [`SharedProducer`] that many stores share (the task runtime);
 //!   or kept following the changelog ([`follow_changelog`], a standby).
+//! - exactly-once: a [`SharedProducer::transactional`] producer carries its stores' changelog
+//!   records, outputs and input offsets in one Kafka transaction; overlays reach RocksDB only
+//!   after the commit, and an abort drops them.
 //! - topic management: the changelog topic is created compacted, and checked on every open.
 
 #![deny(unsafe_code)]
@@ -27,10 +30,11 @@ mod position;
 mod producer;
 mod restore;
 mod topic;
+mod transaction;
 
 pub use config::{ChangelogConfig, DEFAULT_LINGER, DEFAULT_MAX_RECORD_BYTES, LostChangelog};
 pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
-pub use error::ChangelogError;
+pub use error::{ChangelogError, TransactionError};
 pub use logged_store::LoggedStore;
 pub use position::{ChangelogPosition, FORMAT_VERSION};
 pub use producer::SharedProducer;

@@ -50,6 +50,7 @@ use crate::overlay::{Map, MergeScan, Overlay, overlay_range};
 use crate::position::ChangelogPosition;
 use crate::producer::{ChangelogProducer, SharedProducer};
 use crate::restore::{OpenHooks, RestoreReport, RestoredStore};
+use crate::transaction::{Transaction, TransactionMember};
 
 /// Extra time, beyond the delivery timeout, a commit waits before declaring the changelog stuck.
 const ACK_SLACK: Duration = Duration::from_secs(30);
@@ -99,6 +100,11 @@ struct Shared {
     send: Mutex<()>,
     /// The sequence number of the last record sent.
     sent_seq: AtomicU64,
+    /// Under a transaction: the transactional producer's state.
+    transaction: Option<Arc<Transaction>>,
+    /// Under a transaction: the sequence number of the last record sent before the open
+    /// transaction began (its records are the ones after it).
+    transaction_base: AtomicU64,
     commit_serial: Mutex<()>,
     mode: Mutex<Durability>,
     mode_changed: Condvar,
@@ -155,6 +161,13 @@ impl LoggedStore {
     /// owner [`commit`](Self::commit)s it (the task's commit interval; `group` mode commits
     /// nothing by itself here) and [`flush`](KeyValueStore::flush)es it every
     /// [`flush_interval`](Self::flush_interval).
+    ///
+    /// Attached to a [transactional](SharedProducer::transactional) producer, the store is part
+    /// of its transactions instead: its writes reach RocksDB only when
+    /// [`SharedProducer::commit_transaction`] commits them (a [`Batch`] is then atomic through
+    /// any crash), an abort drops them, and [`commit`](Self::commit) is refused. A full overlay
+    /// asks the producer's owner to commit ([`SharedProducer::commit_requested`]); `sync` mode
+    /// does not wait (nothing is durable before the commit).
     pub fn attach(
         restored: RestoredStore,
         producer: &SharedProducer,
@@ -173,6 +186,15 @@ impl LoggedStore {
             restored,
         } = restored;
         let producer = ChangelogProducer::new(producer, &config)?;
+        let transaction = producer.transaction().cloned();
+        if transaction.is_some() && restored.reseed.is_some() {
+            return Err(ChangelogError::InvalidConfig {
+                topic: config.topic.clone(),
+                message: "LostChangelog::Reseed writes outside any transaction: reseed with a \
+                          producer that is not transactional, then attach"
+                    .into(),
+            });
+        }
         // One writer per partition: this store's first record must land where the restore
         // ended, each next one right after it.
         producer
@@ -199,6 +221,8 @@ impl LoggedStore {
             state: RwLock::default(),
             send: Mutex::new(()),
             sent_seq: AtomicU64::new(0),
+            transaction,
+            transaction_base: AtomicU64::new(0),
             commit_serial: Mutex::new(()),
             mode_changed: Condvar::new(),
             flush_interval,
@@ -206,6 +230,10 @@ impl LoggedStore {
             closed: AtomicBool::new(false),
             close_outcome: Mutex::new(None),
         });
+        if shared.transaction.is_some() {
+            let member: std::sync::Weak<dyn TransactionMember> = Arc::downgrade(&shared) as _;
+            shared.producer.join_transactions(member);
+        }
         if let Some(reason) = &restored.reseed {
             tracing::warn!(store = %shared.name, %reason, "writing the local store into the empty changelog (LostChangelog::Reseed)");
             shared.reseed(restored.report.start.end_offset)?;
@@ -444,6 +472,13 @@ impl Shared {
                 || state.active.len() >= self.config.overlay_max_records
         };
         drop(send);
+        if let Some(transaction) = &self.transaction {
+            // Under a transaction nothing reaches RocksDB before the commit: ask for it.
+            if full {
+                transaction.request_commit();
+            }
+            return Ok(());
+        }
         if full {
             self.commit()?;
         }
@@ -458,6 +493,14 @@ impl Shared {
     }
 
     fn commit(&self) -> Result<()> {
+        if self.transaction.is_some() {
+            return Err(Error::InvalidArgument {
+                store: self.name.clone(),
+                message: "this store is part of a transactional producer's transactions: \
+                          SharedProducer::commit_transaction commits it"
+                    .into(),
+            });
+        }
         let _serial = lock(&self.commit_serial);
         if let Some(reason) = self.producer.tracker.poisoned() {
             return Err(self.poisoned(reason));
@@ -514,9 +557,12 @@ impl Shared {
         Ok(())
     }
 
-    /// Commits, then flushes RocksDB's memtables: the durable position is now.
+    /// Commits, then flushes RocksDB's memtables: the durable position is now. Under a
+    /// transaction, flushes what the last committed transaction applied.
     fn flush(&self) -> Result<()> {
-        self.commit()?;
+        if self.transaction.is_none() {
+            self.commit()?;
+        }
         self.store.flush()
     }
 
@@ -588,6 +634,81 @@ impl Shared {
                 mode = lock(&self.mode);
             }
         }
+    }
+}
+
+impl TransactionMember for Shared {
+    fn member_name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn settle(&self, deadline: Instant) -> Result<(), PoisonReason> {
+        let sent = self.sent_seq.load(Ordering::Acquire);
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.producer.tracker.wait_for(sent, left)
+    }
+
+    fn hold_sends(&self) -> MutexGuard<'_, ()> {
+        lock(&self.send)
+    }
+
+    fn committed(&self) -> Result<()> {
+        let sent = self.sent_seq.load(Ordering::Acquire);
+        if sent == self.transaction_base.swap(sent, Ordering::AcqRel)
+            || self.closed.load(Ordering::Acquire)
+        {
+            return Ok(()); // nothing of this store in the transaction, or closed since
+        }
+        let offset = self
+            .producer
+            .tracker
+            .all_acknowledged(sent)
+            .map_err(|reason| self.poisoned(reason))?;
+        self.producer.tracker.transaction_committed();
+        let Some(offset) = offset else {
+            return Ok(());
+        };
+        let frozen = {
+            let mut state = write(&self.state);
+            let frozen = Arc::new(std::mem::take(&mut state.active).map);
+            state.frozen = Some(frozen.clone());
+            frozen
+        };
+        let position = ChangelogPosition {
+            topic: self.config.topic.clone(),
+            partition: self.config.partition,
+            offset,
+            written_at: Some(SystemTime::now()),
+        };
+        let data = frozen.iter().map(|(k, v)| (k.as_slice(), v.as_deref()));
+        if let Err(e) = position.write_with(&self.store, data) {
+            let reason = PoisonReason::LocalWriteFailed {
+                message: e.to_string(),
+            };
+            self.producer.tracker.poison(reason.clone());
+            return Err(self.poisoned(reason));
+        }
+        write(&self.state).frozen = None;
+        Ok(())
+    }
+
+    fn abort_starting(&self) {
+        self.producer.tracker.abort_starting();
+    }
+
+    fn aborted(&self) {
+        let sent = self.sent_seq.load(Ordering::Acquire);
+        let base = self.transaction_base.swap(sent, Ordering::AcqRel);
+        {
+            let mut state = write(&self.state);
+            state.active = Overlay::default();
+            state.frozen = None;
+        }
+        self.producer.tracker.transaction_aborted(base + 1, sent);
+    }
+
+    fn producer_failed(&self, reason: PoisonReason) {
+        self.producer.tracker.poison(reason);
     }
 }
 
@@ -676,7 +797,16 @@ impl KeyValueStore for LoggedStore {
             let _send = lock(&self.shared.send);
             self.shared.closed.store(true, Ordering::Release);
         }
-        let committed = self.shared.commit();
+        let committed = if self.shared.transaction.is_some() {
+            // Under a transaction, what the open transaction holds is not committed: dropped.
+            let pending = std::mem::take(&mut write(&self.shared.state).active).len();
+            if pending > 0 {
+                tracing::warn!(store = %self.shared.name, pending, "closed with writes of an open transaction; they are dropped");
+            }
+            Ok(())
+        } else {
+            self.shared.commit()
+        };
         self.stop_committer(None);
         let closed = self.shared.store.close();
         let result = committed.and(closed);

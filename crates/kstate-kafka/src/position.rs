@@ -97,7 +97,7 @@ impl ChangelogPosition {
     }
 
     /// The position stored in `store`, if any.
-    pub(crate) fn read(store: &RocksDbStore) -> Result<Option<Self>, ChangelogError> {
+    pub fn read(store: &RocksDbStore) -> Result<Option<Self>, ChangelogError> {
         let bad = |what: &str| {
             ChangelogError::Store(kstate_core::Error::Decode {
                 store: store.name().to_string(),

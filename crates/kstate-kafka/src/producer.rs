@@ -28,6 +28,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 
 use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
+use crate::transaction::{Transaction, TransactionMember};
 
 /// What the broker has acknowledged so far.
 #[derive(Debug, Default)]
@@ -47,6 +48,11 @@ struct Acks {
     /// Threads waiting on `changed`. Acknowledgements wake them only when there are any: most
     /// records have no waiter, and a wake is a system call per record.
     waiters: u32,
+    /// Under a transaction: the records of an aborted transaction, whose delivery reports (the
+    /// purge's failures, a late success) no longer count.
+    aborted: Option<(u64, u64)>,
+    /// Under a transaction: an abort is under way; every report is of an aborted record.
+    aborting: bool,
 }
 
 /// Shared between the producer's delivery callback and the store.
@@ -66,6 +72,9 @@ impl AckTracker {
 
     /// Records why the changelog can no longer be trusted (the first reason wins).
     fn set_poisoned(&self, acks: &mut Acks, reason: PoisonReason) {
+        if acks.aborting {
+            return;
+        }
         if acks.poisoned.is_none() {
             tracing::error!(%reason, "changelog poisoned");
             acks.poisoned = Some(reason);
@@ -77,6 +86,15 @@ impl AckTracker {
     pub(crate) fn poison(&self, reason: PoisonReason) {
         let mut acks = self.lock();
         self.set_poisoned(&mut acks, reason);
+    }
+
+    /// Record `...seq_low` was not delivered: poisons, unless it belongs to an aborted
+    /// transaction.
+    fn failed(&self, seq_low: u64, reason: PoisonReason) {
+        let mut acks = self.lock();
+        if !acks.is_aborted(seq_low) {
+            self.set_poisoned(&mut acks, reason);
+        }
     }
 
     /// The first record sent from now on must land at `offset` (the restore's end), each next one
@@ -179,12 +197,71 @@ impl AckTracker {
         }
     }
 
+    /// The offset of the last acknowledged record, once every record up to `sent` is
+    /// acknowledged (a transaction's records, after `commit_transaction` returned).
+    pub(crate) fn all_acknowledged(&self, sent: u64) -> Result<Option<i64>, PoisonReason> {
+        let acks = self.lock();
+        if let Some(reason) = &acks.poisoned {
+            return Err(reason.clone());
+        }
+        if acks.acked_seq != sent {
+            return Err(PoisonReason::OutOfOrder {
+                message: format!(
+                    "the transaction committed with records {}..={sent} unacknowledged",
+                    acks.acked_seq + 1
+                ),
+            });
+        }
+        Ok(acks.last_offset)
+    }
+
+    /// A transaction this store wrote records to committed: its partition holds a commit
+    /// marker after them, so the next record lands one offset later.
+    pub(crate) fn transaction_committed(&self) {
+        let mut acks = self.lock();
+        if let Some(next) = &mut acks.next_offset {
+            *next += 1;
+        }
+    }
+
+    /// An abort is starting: the purged records' failures must not poison.
+    pub(crate) fn abort_starting(&self) {
+        self.lock().aborting = true;
+    }
+
+    /// The transaction whose records were sequence numbers `first..=last` aborted: they count
+    /// for nothing; a failure they caused is forgotten unless it means more than this
+    /// transaction (another writer, acknowledgements out of order, a local write that failed).
+    /// The next record's offset is unknown (the aborted records and the marker may or may not
+    /// have landed); the one after it is checked again.
+    pub(crate) fn transaction_aborted(&self, first: u64, last: u64) {
+        let mut acks = self.lock();
+        acks.aborting = false;
+        if last >= first {
+            acks.aborted = Some((first, last));
+        }
+        acks.acked_seq = acks.acked_seq.max(last);
+        acks.watch = None;
+        acks.watched_offset = None;
+        acks.next_offset = None;
+        if acks
+            .poisoned
+            .as_ref()
+            .is_some_and(PoisonReason::is_transient)
+        {
+            acks.poisoned = None;
+            self.is_poisoned.store(false, Ordering::Release);
+        }
+        self.changed.notify_all();
+    }
+
     /// Record `acked_seq + 1` (whose sequence number ends in the bits `seq_low`) landed at
     /// `offset`.
     fn delivered(&self, seq_low: u64, offset: i64) {
         let mut acks = self.lock();
-        if acks.poisoned.is_some() {
+        if acks.poisoned.is_some() || acks.aborting || acks.is_aborted(seq_low) {
             // Past a failed record nothing counts as acknowledged: a commit must never cover it.
+            // An aborted transaction's records count for nothing either.
             return;
         }
         let seq = acks.acked_seq + 1;
@@ -223,6 +300,22 @@ impl AckTracker {
     }
 }
 
+impl Acks {
+    /// Whether the record whose sequence number ends in `seq_low` belongs to the last aborted
+    /// transaction.
+    fn is_aborted(&self, seq_low: u64) -> bool {
+        let Some((first, last)) = self.aborted else {
+            return false;
+        };
+        // The full sequence number with these low bits at or below `last`.
+        let mut seq = (last & !SEQ_MASK) | seq_low;
+        if seq > last {
+            seq = seq.wrapping_sub(SEQ_MASK + 1);
+        }
+        seq >= first && seq <= last
+    }
+}
+
 /// Delivery opaques are plain integers, so that a record costs no allocation and no reference
 /// count on the hot path: 0 is an output; anything else is a store's route id (a slot in the
 /// router's table, never reused while the store exists) above `SEQ_BITS`, and the low `SEQ_BITS`
@@ -236,15 +329,17 @@ const MAX_ROUTE: u32 = (1 << (usize::BITS - SEQ_BITS - 1)) - 1;
 const _: () = assert!(usize::BITS == 64, "delivery opaques need 64-bit usize");
 
 /// The stores sending through one producer, by route id.
-#[derive(Debug, Default)]
-struct Routes {
+#[derive(Default)]
+pub(crate) struct Routes {
     last: u32,
     trackers: std::collections::HashMap<u32, Arc<AckTracker>>,
+    /// Under a transaction: the stores whose overlays its commit applies and its abort drops.
+    pub(crate) members: std::collections::HashMap<u32, std::sync::Weak<dyn TransactionMember>>,
 }
 
 /// Outputs sent through a [`SharedProducer`] and what became of them.
 #[derive(Debug, Default)]
-struct OutputAcks {
+pub(crate) struct OutputAcks {
     counts: Mutex<OutputCounts>,
     changed: Condvar,
 }
@@ -273,6 +368,13 @@ impl OutputAcks {
         if counts.waiters > 0 {
             self.changed.notify_all();
         }
+    }
+
+    /// A transaction aborted: its outputs are gone, and so is their failure.
+    pub(crate) fn forget(&self) {
+        let mut counts = self.lock();
+        counts.failed = None;
+        counts.settled = counts.settled.max(counts.sent);
     }
 }
 
@@ -308,13 +410,16 @@ impl ProducerContext for Router {
         };
         match result {
             Ok(message) => tracker.delivered(seq_low, message.offset()),
-            Err((error, message)) => tracker.poison(PoisonReason::DeliveryFailed {
-                message: format!(
-                    "changelog {}/{}: record ...{seq_low} was not delivered: {error}",
-                    message.topic(),
-                    message.partition()
-                ),
-            }),
+            Err((error, message)) => tracker.failed(
+                seq_low,
+                PoisonReason::DeliveryFailed {
+                    message: format!(
+                        "changelog {}/{}: record ...{seq_low} was not delivered: {error}",
+                        message.topic(),
+                        message.partition()
+                    ),
+                },
+            ),
         }
     }
 }
@@ -328,10 +433,12 @@ impl ProducerContext for Router {
 /// build a new producer and reopen them.
 #[derive(Clone)]
 pub struct SharedProducer {
-    inner: Arc<ThreadedProducer<Router>>,
-    outputs: Arc<OutputAcks>,
-    routes: Arc<std::sync::RwLock<Routes>>,
+    pub(crate) inner: Arc<ThreadedProducer<Router>>,
+    pub(crate) outputs: Arc<OutputAcks>,
+    pub(crate) routes: Arc<std::sync::RwLock<Routes>>,
     bootstrap_servers: Arc<str>,
+    /// Set for a transactional producer.
+    pub(crate) transaction: Option<Arc<Transaction>>,
 }
 
 impl std::fmt::Debug for SharedProducer {
@@ -345,6 +452,14 @@ impl std::fmt::Debug for SharedProducer {
 impl SharedProducer {
     /// A producer with `config`'s client settings.
     pub fn new(config: &ChangelogConfig) -> Result<Self, ChangelogError> {
+        Self::build(config, None)
+    }
+
+    /// A producer, transactional when `transaction` is given (not yet initialised).
+    pub(crate) fn build(
+        config: &ChangelogConfig,
+        transaction: Option<Transaction>,
+    ) -> Result<Self, ChangelogError> {
         let outputs = Arc::new(OutputAcks::default());
         let routes = Arc::new(std::sync::RwLock::new(Routes::default()));
         let context = Router {
@@ -357,16 +472,31 @@ impl SharedProducer {
             client.set("compression.type", "lz4");
         }
         // What the commit protocol depends on: never overridden.
+        let mut delivery_timeout = config.delivery_timeout;
         client
             .set("acks", "all")
             .set("enable.idempotence", "true")
+            .set("max.in.flight.requests.per.connection", "5");
+        match &transaction {
             // A record that fails after retries fails the producer: later records are never
             // delivered over a gap (librdkafka would otherwise go on past it).
-            .set("enable.gapless.guarantee", "true")
-            .set("max.in.flight.requests.per.connection", "5")
+            None => {
+                client.set("enable.gapless.guarantee", "true");
+            }
+            // A record that fails fails its transaction, which aborts: nothing after it is
+            // committed either. librdkafka wants records to time out before their transaction.
+            Some(transaction) => {
+                delivery_timeout = delivery_timeout.min(transaction.timeout);
+                client.set("transactional.id", &transaction.id).set(
+                    "transaction.timeout.ms",
+                    transaction.timeout.as_millis().to_string(),
+                );
+            }
+        }
+        client
             .set(
                 "message.timeout.ms",
-                config.delivery_timeout.as_millis().to_string(),
+                delivery_timeout.as_millis().to_string(),
             )
             .set(
                 "linger.ms",
@@ -392,6 +522,7 @@ impl SharedProducer {
             outputs,
             routes,
             bootstrap_servers: config.bootstrap_servers.as_str().into(),
+            transaction: transaction.map(Arc::new),
         })
     }
 
@@ -596,18 +727,35 @@ impl ChangelogProducer {
     pub(crate) fn in_flight(&self) -> i32 {
         self.producer.in_flight()
     }
-}
 
-impl Drop for ChangelogProducer {
-    /// Leaves the router: reports for records still in flight are dropped.
-    fn drop(&mut self) {
+    /// The shared producer's transaction, if it is transactional.
+    pub(crate) fn transaction(&self) -> Option<&Arc<Transaction>> {
+        self.producer.transaction.as_ref()
+    }
+
+    /// Makes `member` (this store) part of every transaction of the producer.
+    pub(crate) fn join_transactions(&self, member: std::sync::Weak<dyn TransactionMember>) {
         let id = (self.route >> SEQ_BITS) as u32;
         self.producer
             .routes
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .trackers
-            .remove(&id);
+            .members
+            .insert(id, member);
+    }
+}
+
+impl Drop for ChangelogProducer {
+    /// Leaves the router (and the transaction): reports for records still in flight are dropped.
+    fn drop(&mut self) {
+        let id = (self.route >> SEQ_BITS) as u32;
+        let mut routes = self
+            .producer
+            .routes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        routes.trackers.remove(&id);
+        routes.members.remove(&id);
     }
 }
 

@@ -29,6 +29,48 @@ pub enum GroupProtocol {
     Consumer,
 }
 
+/// What a crash may do to the effect of an input record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProcessingGuarantee {
+    /// Outputs acknowledged, then stores committed, then input offsets committed: a crash
+    /// replays the input since the last commit, so some records' effects on the stores and
+    /// outputs may happen twice. The default.
+    #[default]
+    AtLeastOnce,
+    /// One Kafka transaction per worker and commit interval carries the changelog records,
+    /// outputs and input offsets of all the worker's tasks (EOS v2). Stores apply their writes
+    /// only after the transaction commits; an abort drops them and rewinds the input. Readers
+    /// with `isolation.level=read_committed` see every input record's effect exactly once, and a
+    /// crash replays only the changelog tail since each store's stored offset (no wipe).
+    ExactlyOnce,
+}
+
+impl std::fmt::Display for ProcessingGuarantee {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ProcessingGuarantee::AtLeastOnce => "at-least-once",
+            ProcessingGuarantee::ExactlyOnce => "exactly-once",
+        })
+    }
+}
+
+/// Text that names no [`ProcessingGuarantee`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown processing guarantee {0:?}: expected at-least-once or exactly-once")]
+pub struct ParseGuaranteeError(pub String);
+
+impl std::str::FromStr for ProcessingGuarantee {
+    type Err = ParseGuaranteeError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "at-least-once" => Ok(ProcessingGuarantee::AtLeastOnce),
+            "exactly-once" => Ok(ProcessingGuarantee::ExactlyOnce),
+            other => Err(ParseGuaranteeError(other.to_string())),
+        }
+    }
+}
+
 /// Options of one store.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreOptions {
@@ -96,6 +138,9 @@ pub(crate) struct AppConfig {
     pub(crate) rocksdb: RocksDbOptions,
     pub(crate) stores: Vec<StoreSpec>,
     pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,
+    pub(crate) guarantee: ProcessingGuarantee,
+    pub(crate) instance_id: String,
+    pub(crate) transaction_timeout: Duration,
 }
 
 impl AppConfig {
@@ -119,6 +164,11 @@ impl AppConfig {
             config = config.client_property(key.clone(), value.clone());
         }
         config
+    }
+
+    /// Worker `index`'s transactional id: `<app-id>-<instance-id>-<index>`.
+    pub(crate) fn transactional_id(&self, index: usize) -> String {
+        format!("{}-{}-{index}", self.application_id, self.instance_id)
     }
 
     /// `<state-dir>/<app-id>/<p>/<store>`.
@@ -162,8 +212,38 @@ impl AppBuilder {
                 rocksdb: RocksDbOptions::default(),
                 stores: Vec::new(),
                 restore_listener: None,
+                guarantee: ProcessingGuarantee::default(),
+                instance_id: random_instance_id(),
+                transaction_timeout: Duration::from_secs(10),
             },
         }
+    }
+
+    /// At-least-once (the default) or exactly-once processing.
+    pub fn processing_guarantee(&mut self, guarantee: ProcessingGuarantee) -> &mut Self {
+        self.config.guarantee = guarantee;
+        self
+    }
+
+    /// This process's stable name within the application, for exactly-once: worker *i*'s
+    /// transactional id is `<app-id>-<instance-id>-<i>`. A process restarted with the same
+    /// instance id fences its previous incarnation and aborts that one's open transaction at
+    /// once; with a new one (the default: random per start) a crashed process's open
+    /// transaction holds its partitions' restores until the broker times it out
+    /// ([`transaction_timeout`](Self::transaction_timeout)). Two running processes must never
+    /// share an instance id: each would fence the other.
+    pub fn instance_id(&mut self, id: impl Into<String>) -> &mut Self {
+        self.config.instance_id = id.into();
+        self
+    }
+
+    /// Exactly-once: how long the broker lets a transaction stay open before aborting it
+    /// (`transaction.timeout.ms`). Default 10 s (Kafka Streams' default under exactly-once): a
+    /// crashed worker's open transaction holds back its partitions' next owner at most this
+    /// long. Records time out no later.
+    pub fn transaction_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.config.transaction_timeout = timeout;
+        self
     }
 
     /// Adds an input topic. All inputs must have the same partition count (checked at start).
@@ -297,6 +377,27 @@ impl AppBuilder {
         if c.commit_interval.is_zero() {
             return invalid("the commit interval must be above zero".into());
         }
+        if c.guarantee == ProcessingGuarantee::ExactlyOnce {
+            if c.instance_id.is_empty()
+                || !c
+                    .instance_id
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
+            {
+                return invalid(format!(
+                    "instance id {:?} must be non-empty ASCII letters, digits, '.', '_' or '-' (it names transactional ids)",
+                    c.instance_id
+                ));
+            }
+            if c.transaction_timeout < Duration::from_secs(1)
+                || c.transaction_timeout <= c.commit_interval
+            {
+                return invalid(format!(
+                    "the transaction timeout ({:?}) must be at least 1 s and above the commit interval ({:?})",
+                    c.transaction_timeout, c.commit_interval
+                ));
+            }
+        }
         let mut names = std::collections::BTreeSet::new();
         for store in &c.stores {
             if !names.insert(store.name.as_str()) {
@@ -316,4 +417,12 @@ impl AppBuilder {
         }
         Ok(App::new(c.clone(), Arc::new(factory)))
     }
+}
+
+/// A fresh instance id: the process id and the start time, enough to tell two processes apart.
+fn random_instance_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("p{}-{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
 }

@@ -78,6 +78,18 @@ pub enum TaskError {
         source: BoxError,
     },
 
+    /// A transaction could not commit and the worker cannot go on (exactly-once): fenced by a
+    /// newer producer with the same transactional id, or a store that cannot apply it. Nothing
+    /// of the open transaction was applied; a restart restores from the stored offsets.
+    #[error("worker {worker}: {source}")]
+    Transaction {
+        /// The worker thread.
+        worker: usize,
+        /// What went wrong.
+        #[source]
+        source: kstate_kafka::TransactionError,
+    },
+
     /// A thread of the runtime could not start, or panicked.
     #[error("thread {name}: {message}")]
     Thread {

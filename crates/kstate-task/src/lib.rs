@@ -13,6 +13,11 @@
 //!   offsets committed. After a crash the input replays from the last committed offset, so state
 //!   may hold some records' effects twice; the stores always restore to exactly what their
 //!   changelogs acknowledged.
+//! - Or exactly-once ([`ProcessingGuarantee::ExactlyOnce`]): one Kafka transaction per worker and
+//!   commit interval carries the changelog records, outputs and input offsets of all its tasks;
+//!   stores apply their writes only after it commits, and an abort drops them and rewinds the
+//!   input. A crash never wipes a store: restore replays the committed tail since its stored
+//!   offset.
 //!
 //! ```no_run
 //! use kstate_task::{App, Context, Processor, Record, StoreHandle, StoreOptions};
@@ -53,7 +58,10 @@ mod task;
 mod worker;
 
 pub use app::{App, AppState, QueryError, Running, StoreQuery};
-pub use config::{AppBuilder, GroupProtocol, ProcessorFactory, StoreHandle, StoreOptions};
+pub use config::{
+    AppBuilder, GroupProtocol, ParseGuaranteeError, ProcessingGuarantee, ProcessorFactory,
+    StoreHandle, StoreOptions,
+};
 pub use error::TaskError;
 pub use partitioner::partition_for;
 pub use processor::{Context, Processor, Record, TaskId, TimeKind, Timer, TimerId};

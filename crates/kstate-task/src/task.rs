@@ -275,6 +275,59 @@ impl Task {
         Ok(())
     }
 
+    /// Exactly-once, after the transaction committed (it applied the stores' overlays): counts
+    /// the records it covered, and flushes the stores' memtables when their flush interval has
+    /// passed.
+    pub(crate) fn transaction_committed(&mut self) -> Result<(), TaskError> {
+        if self.last_flush.elapsed() >= self.flush_interval {
+            for store in &self.stores {
+                store
+                    .logged
+                    .flush()
+                    .map_err(|source| self.store_error(store, source))?;
+            }
+            self.last_flush = Instant::now();
+        }
+        self.processed
+            .fetch_add(self.processed_since_commit, Ordering::Relaxed);
+        metrics::counter!("kstate_task_records_processed").increment(self.processed_since_commit);
+        self.processed_since_commit = 0;
+        Ok(())
+    }
+
+    /// Exactly-once, after the transaction aborted (its stores dropped their overlays): the task
+    /// starts again from `committed` (the next offset to read per input topic, as committed):
+    /// a new processor, empty caches, no pending outputs or timers. The worker seeks the input.
+    pub(crate) fn rewind(
+        &mut self,
+        producer: &SharedProducer,
+        factory: &ProcessorFactory,
+        committed: &BTreeMap<String, i64>,
+    ) -> Result<(), TaskError> {
+        for store in &mut self.stores {
+            if store.cache.is_some() {
+                store.cache = Some(CoalescingStore::new(store.logged.clone()));
+            }
+        }
+        self.latest = Latest::new();
+        self.timers = Timers::default();
+        self.stream_time = None;
+        self.processed_since_commit = 0;
+        self.offsets = committed
+            .iter()
+            .map(|(topic, offset)| (topic.clone(), (*offset, false)))
+            .collect();
+        self.processor = factory(self.id);
+        let partition = self.id.partition;
+        self.call(producer, |processor, ctx| processor.init(ctx))
+            .map_err(|source| TaskError::Processor {
+                topic: "init".into(),
+                partition,
+                offset: -1,
+                source,
+            })
+    }
+
     /// Step 4's input: the offsets that moved since the last commit. Marks them committed.
     pub(crate) fn take_offsets(&mut self, tpl: &mut TopicPartitionList) {
         for (topic, (offset, moved)) in &mut self.offsets {

@@ -15,18 +15,35 @@
 //!   new owner replays from the last committed offsets.
 //! - A failure (a poisoned store, an undeliverable output, a processor error) stops the worker,
 //!   and with it the application: nothing after it is committed, and a restart restores.
+//!
+//! # Exactly-once
+//! The worker's producer is transactional (`<app-id>-<instance-id>-<worker>`), created before
+//! the consumer subscribes, so its fencing of an earlier incarnation (which aborts that one's
+//! open transaction) happens before any restore captures its end offset. A transaction is
+//! always open; every commit interval (or sooner, when a store's overlay is full) it commits
+//! with all tasks' input offsets, and the stores apply their overlays after it.
+//! - A failed write or output, or an abortable commit: the transaction aborts, the stores drop
+//!   their overlays, and every task starts again from its committed input offsets (a new
+//!   processor; the input is sought back). Nothing is wiped and nothing is restored.
+//! - **Revoked**: the transaction commits (it carries every task's records), then the revoked
+//!   tasks close. **Lost**: it aborts (nothing of a task that is no longer ours may become
+//!   visible); the tasks are dropped.
+//! - Fatal (fenced, or a store that cannot apply a commit): the worker fails without applying
+//!   anything, and with it the application; a restart restores the committed tail.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kstate_kafka::{CancelToken, SharedProducer};
+use kstate_kafka::{CancelToken, ChangelogError, SharedProducer};
+use rdkafka::Offset;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Message, Timestamp};
 use rdkafka::{ClientContext, TopicPartitionList};
 
 use crate::app::AppShared;
+use crate::config::ProcessingGuarantee;
 use crate::error::TaskError;
 use crate::processor::{Record, TaskId};
 use crate::restorer::{Done, Job};
@@ -213,6 +230,9 @@ impl Core {
                 self.app.registry.remove(*p);
             }
         }
+        if self.exactly_once() {
+            return self.revoke_exactly_once(consumer, partitions, lost);
+        }
         let mut revoked: Vec<Task> = partitions
             .iter()
             .filter_map(|p| self.tasks.remove(p))
@@ -254,7 +274,173 @@ impl Core {
         committed
     }
 
-    fn on_record(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
+    fn exactly_once(&self) -> bool {
+        self.app.config.guarantee == ProcessingGuarantee::ExactlyOnce
+    }
+
+    /// [`revoke`](Self::revoke) under exactly-once: the open transaction carries every task's
+    /// records, so it commits (revoked) or aborts (lost, failed) for all of them.
+    fn revoke_exactly_once(
+        &mut self,
+        consumer: &WorkerConsumer,
+        partitions: &[i32],
+        lost: bool,
+    ) -> Result<(), TaskError> {
+        let ending: Vec<i32> = partitions
+            .iter()
+            .copied()
+            .filter(|p| self.tasks.contains_key(p))
+            .collect();
+        if ending.is_empty() {
+            return Ok(());
+        }
+        let timeout = self.app.config.revocation_timeout;
+        let outcome = if lost || self.failed.is_some() {
+            tracing::warn!(worker = self.index, partitions = ?ending, lost, "aborting the transaction and dropping tasks");
+            self.producer
+                .abort_transaction("tasks lost or worker failed", timeout)
+                .map_err(|source| TaskError::Transaction {
+                    worker: self.index,
+                    source,
+                })
+                .map(|()| false)
+        } else {
+            tracing::info!(worker = self.index, partitions = ?ending, "committing the transaction and closing tasks");
+            self.commit_exactly_once(consumer).map(|()| true)
+        };
+        let close = matches!(outcome, Ok(true));
+        for p in &ending {
+            let Some(task) = self.tasks.remove(p) else {
+                continue;
+            };
+            self.app.registry.remove(*p);
+            if close && let Err(e) = task.close() {
+                tracing::warn!(worker = self.index, error = %e, "closing a task failed");
+            }
+        }
+        if !close && outcome.is_ok() && self.failed.is_none() {
+            // The abort dropped the other tasks' work too: they start again from their commits.
+            self.rewind(consumer)?;
+        }
+        outcome.map(|_| ())
+    }
+
+    /// Exactly-once commit of every task: outputs and caches out, then one transaction with
+    /// the input offsets; the stores apply their overlays after it. An abort rewinds.
+    fn commit_exactly_once(&mut self, consumer: &WorkerConsumer) -> Result<(), TaskError> {
+        let started = Instant::now();
+        let mut prepared = Ok(());
+        for task in self.tasks.values_mut() {
+            prepared = task.prepare_commit(&self.producer);
+            if prepared.is_err() {
+                break;
+            }
+        }
+        if let Err(e) = prepared {
+            return self.abort_or_fail(consumer, e);
+        }
+        let mut offsets = TopicPartitionList::new();
+        for task in self.tasks.values_mut() {
+            task.take_offsets(&mut offsets);
+        }
+        let group = consumer.group_metadata();
+        let with_offsets = match &group {
+            Some(group) if offsets.count() > 0 => Some((&offsets, group)),
+            _ => None,
+        };
+        let timeout = self.app.config.revocation_timeout;
+        match self.producer.commit_transaction(with_offsets, timeout) {
+            Ok(()) => {
+                for task in self.tasks.values_mut() {
+                    task.transaction_committed()?;
+                }
+                metrics::histogram!("kstate_task_commit_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                Ok(())
+            }
+            Err(e) if e.is_aborted() => {
+                tracing::warn!(worker = self.index, error = %e, "transaction aborted; tasks rewind to their committed offsets");
+                self.rewind(consumer)
+            }
+            Err(source) => Err(TaskError::Transaction {
+                worker: self.index,
+                source,
+            }),
+        }
+    }
+
+    /// A task failed: under exactly-once a failed write or output aborts the transaction and
+    /// rewinds; anything else (and every failure under at-least-once) fails the worker.
+    fn task_failed(&mut self, consumer: &WorkerConsumer, error: TaskError) {
+        if let Err(e) = self.abort_or_fail(consumer, error) {
+            self.fail(e);
+        }
+    }
+
+    fn abort_or_fail(
+        &mut self,
+        consumer: &WorkerConsumer,
+        error: TaskError,
+    ) -> Result<(), TaskError> {
+        if !self.exactly_once() || !abortable(&error) {
+            return Err(error);
+        }
+        tracing::warn!(worker = self.index, error = %error, "aborting the transaction");
+        self.producer
+            .abort_transaction(&error.to_string(), self.app.config.revocation_timeout)
+            .map_err(|source| TaskError::Transaction {
+                worker: self.index,
+                source,
+            })?;
+        self.rewind(consumer)
+    }
+
+    /// After an abort: every task starts again from its committed input offsets.
+    fn rewind(&mut self, consumer: &WorkerConsumer) -> Result<(), TaskError> {
+        if self.tasks.is_empty() {
+            return Ok(());
+        }
+        let partitions: Vec<i32> = self.tasks.keys().copied().collect();
+        let timeout = self.app.config.revocation_timeout;
+        let kafka = |operation, partition, source| TaskError::Kafka {
+            operation,
+            topic: self.app.config.inputs.join(","),
+            partition,
+            source,
+        };
+        let committed = consumer
+            .committed_offsets(self.input_tpl(&partitions), timeout)
+            .map_err(|e| kafka("fetch committed offsets", -1, e))?;
+        let mut by_task: BTreeMap<i32, BTreeMap<String, i64>> = BTreeMap::new();
+        for element in committed.elements() {
+            if let Offset::Offset(offset) = element.offset() {
+                by_task
+                    .entry(element.partition())
+                    .or_default()
+                    .insert(element.topic().to_string(), offset);
+            }
+        }
+        metrics::counter!("kstate_task_rewinds").increment(1);
+        for (p, task) in &mut self.tasks {
+            let offsets = by_task.remove(p).unwrap_or_default();
+            task.rewind(&self.producer, &self.app.factory, &offsets)?;
+            for topic in &self.app.config.inputs {
+                let to = offsets
+                    .get(topic)
+                    .map_or(Offset::Beginning, |o| Offset::Offset(*o));
+                consumer
+                    .seek(topic, *p, to, timeout)
+                    .map_err(|e| kafka("seek to the committed offset", *p, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn on_record(
+        &mut self,
+        consumer: &WorkerConsumer,
+        message: &rdkafka::message::BorrowedMessage<'_>,
+    ) {
         let partition = message.partition();
         let timestamp = match message.timestamp() {
             Timestamp::NotAvailable => None,
@@ -270,7 +456,7 @@ impl Core {
                 value: message.payload(),
             };
             if let Err(e) = task.process(&self.producer, &record) {
-                self.fail(e);
+                self.task_failed(consumer, e);
             }
         } else if let Some(restoring) = self.restoring.get_mut(&partition) {
             // Fetched before the pause took hold: kept for when the task is ready.
@@ -339,6 +525,8 @@ impl Core {
                 value: b.value.as_deref(),
             };
             if let Err(e) = task.process(&self.producer, &record) {
+                // Under exactly-once the task is not running yet: it is dropped and the
+                // worker fails either way (its transaction is aborted at the shutdown).
                 self.fail(e);
                 return;
             }
@@ -358,21 +546,70 @@ impl Core {
         }
     }
 
-    fn fire_timers(&mut self) {
+    fn fire_timers(&mut self, consumer: &WorkerConsumer) {
         let now = Instant::now();
+        let mut failed = None;
         for task in self.tasks.values_mut() {
             if task.next_timer().is_some_and(|t| t <= now)
                 && let Err(e) = task.fire_timers(&self.producer, now, false)
             {
-                self.failed.get_or_insert(e);
-                return;
+                failed = Some(e);
+                break;
             }
+        }
+        if let Some(e) = failed {
+            self.task_failed(consumer, e);
+        }
+    }
+
+    /// Commits every task, by the application's guarantee.
+    fn commit(&mut self, consumer: &WorkerConsumer) {
+        let committed = if self.exactly_once() {
+            self.commit_exactly_once(consumer)
+        } else {
+            let mut tasks: Vec<&mut Task> = self.tasks.values_mut().collect();
+            commit_tasks(
+                &self.producer,
+                consumer,
+                &mut tasks,
+                CommitMode::Async,
+                self.app.config.revocation_timeout,
+            )
+        };
+        if let Err(e) = committed {
+            self.fail(e);
         }
     }
 
     fn next_timer(&self) -> Option<Instant> {
         self.tasks.values().filter_map(Task::next_timer).min()
     }
+}
+
+/// Whether a task's failure is one an abort undoes (exactly-once): a write or output that was
+/// not delivered, not the processor's own error or a store that disagrees with its changelog.
+fn abortable(error: &TaskError) -> bool {
+    match error {
+        TaskError::Store { source, .. } => store_failure_is_transient(source),
+        TaskError::Changelog { source, .. } => matches!(
+            **source,
+            ChangelogError::OutputFailed { .. } | ChangelogError::Kafka { .. }
+        ),
+        TaskError::Processor { source, .. } => {
+            if let Some(store) = source.downcast_ref::<kstate_core::Error>() {
+                store_failure_is_transient(store)
+            } else if let Some(task) = source.downcast_ref::<TaskError>() {
+                abortable(task)
+            } else {
+                false
+            }
+        }
+        _ => false,
+    }
+}
+
+fn store_failure_is_transient(error: &kstate_core::Error) -> bool {
+    matches!(error, kstate_core::Error::Poisoned { reason, .. } if reason.is_transient())
 }
 
 /// The commit protocol over some tasks of one worker.
@@ -416,8 +653,19 @@ pub(crate) fn run(
     jobs: Sender<Job>,
 ) -> Result<(), TaskError> {
     let config = &app.config;
-    let producer = SharedProducer::new(&config.changelog("outputs", 0, app.partitions))
-        .map_err(|source| TaskError::changelog(-1, source))?;
+    // Under exactly-once, before the consumer subscribes: creating the transactional producer
+    // fences this worker's previous incarnation and aborts its open transaction, which must not
+    // hold any restore of ours back.
+    let client = config.changelog("outputs", 0, app.partitions);
+    let producer = match config.guarantee {
+        ProcessingGuarantee::AtLeastOnce => SharedProducer::new(&client),
+        ProcessingGuarantee::ExactlyOnce => SharedProducer::transactional(
+            &client,
+            config.transactional_id(index),
+            config.transaction_timeout,
+        ),
+    }
+    .map_err(|source| TaskError::changelog(-1, source))?;
     let core = Arc::new(Mutex::new(Core {
         index,
         app: app.clone(),
@@ -456,7 +704,7 @@ pub(crate) fn run(
         let mut core = lock(&core);
         let idle = match polled {
             Some(Ok(message)) => {
-                core.on_record(&message);
+                core.on_record(&consumer, &message);
                 false
             }
             Some(Err(e)) => {
@@ -485,19 +733,10 @@ pub(crate) fn run(
         while let Ok(finished) = done.try_recv() {
             core.on_restored(&consumer, finished);
         }
-        core.fire_timers();
-        if now >= next_commit && core.failed.is_none() {
-            let core = &mut *core;
-            let mut tasks: Vec<&mut Task> = core.tasks.values_mut().collect();
-            if let Err(e) = commit_tasks(
-                &core.producer,
-                &consumer,
-                &mut tasks,
-                CommitMode::Async,
-                config.revocation_timeout,
-            ) {
-                core.fail(e);
-            }
+        core.fire_timers(&consumer);
+        // A store whose overlay is full under a transaction asks for an early commit.
+        if (now >= next_commit || core.producer.commit_requested()) && core.failed.is_none() {
+            core.commit(&consumer);
             next_commit = Instant::now() + config.commit_interval;
         }
         if idle {

@@ -1,0 +1,401 @@
+//! Exactly-once: one Kafka transaction carries the changelog records of every store attached to
+//! a [`SharedProducer`], the outputs sent through it and, optionally, the input offsets the
+//! records came from (EOS v2, KIP-447).
+//!
+//! # Why the overlay makes this clean
+//! A store attached to a transactional producer never writes RocksDB before
+//! `commit_transaction` returned: its writes wait in the overlay (DESIGN.md, "Exactly-once").
+//! After the commit each store writes its overlay with the offset of its last changelog record
+//! in one batch; after an abort the overlay is dropped and the store is exactly as at the last
+//! commit. So a crash never needs a wipe: RocksDB holds a committed prefix of the changelog, and
+//! restore replays the rest with `read_committed`. (Kafka Streams writes RocksDB first and,
+//! until KIP-892, wipes the whole store after a crash under EOS; with the WAL off a memtable
+//! flush can persist an aborted transaction's writes, KAFKA-20685.)
+//!
+//! # Errors, as librdkafka defines them
+//! Retriable errors are retried until the call's timeout. An abortable error aborts the
+//! transaction here, drops the overlays and returns [`TransactionError::Aborted`]: the caller
+//! rewinds its input to the committed offsets and goes on. A fatal error (fenced by a newer
+//! producer with the same `transactional.id`, for one) returns [`TransactionError::Fatal`]:
+//! nothing was applied, and the producer and its stores are done.
+//!
+//! # Delivery reports
+//! librdkafka's `commit_transaction` flushes first, and its flush serves delivery reports on
+//! the calling thread while the producer's own thread serves them too: two threads can hand a
+//! partition's acknowledgements to the stores out of order. So the commit first waits, through
+//! the stores' own trackers, until every record's report was served; librdkafka's flush then
+//! has nothing left to serve.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use kstate_core::PoisonReason;
+use rdkafka::TopicPartitionList;
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+
+use crate::config::ChangelogConfig;
+use crate::error::{ChangelogError, TransactionError};
+use crate::producer::SharedProducer;
+
+/// The transactional side of a [`SharedProducer`].
+#[derive(Debug)]
+pub(crate) struct Transaction {
+    pub(crate) id: String,
+    pub(crate) timeout: Duration,
+    /// A store's overlay reached its bound: the owner should commit now.
+    commit_requested: AtomicBool,
+}
+
+impl Transaction {
+    /// Asks the producer's owner to commit soon (a full overlay must never be applied locally
+    /// under a transaction).
+    pub(crate) fn request_commit(&self) {
+        self.commit_requested.store(true, Ordering::Release);
+    }
+}
+
+/// A store whose writes a transaction carries.
+pub(crate) trait TransactionMember: Send + Sync {
+    /// The store's name, for errors.
+    fn member_name(&self) -> String;
+    /// The store's send lock: held from the settle to the next transaction's begin, so that no
+    /// write of the store falls between them (a [`Batch`](kstate_core::Batch) is in one
+    /// transaction, whole). The calls below are made with it held.
+    fn hold_sends(&self) -> std::sync::MutexGuard<'_, ()>;
+    /// Waits until every record the store sent is acknowledged (its report served).
+    fn settle(&self, deadline: Instant) -> Result<(), PoisonReason>;
+    /// The transaction committed: write the overlay and its last offset to RocksDB.
+    fn committed(&self) -> kstate_core::Result<()>;
+    /// An abort starts: the purge's delivery failures must not poison.
+    fn abort_starting(&self);
+    /// The transaction aborted: drop the overlay.
+    fn aborted(&self);
+    /// The producer failed for good: the store serves nothing more.
+    fn producer_failed(&self, reason: PoisonReason);
+}
+
+/// Why a commit did not complete.
+enum Failure {
+    /// Abort, and report the abort.
+    Abort(String),
+    /// Abort, then report this error.
+    AbortThen(String, TransactionError),
+    /// Nothing to abort (it committed, or the producer failed for good): report this.
+    Done(TransactionError),
+}
+
+/// What to do after a transactional call failed.
+enum Next {
+    Retry,
+    Abort(String),
+    Fatal(String),
+}
+
+fn classify(error: &KafkaError) -> Next {
+    match error {
+        KafkaError::Transaction(e) if e.is_fatal() => Next::Fatal(e.to_string()),
+        KafkaError::Transaction(e) if e.txn_requires_abort() => Next::Abort(e.to_string()),
+        KafkaError::Transaction(e) if e.is_retriable() => Next::Retry,
+        // Neither retriable nor fatal: try an abort, which fails fatally if it must.
+        other => Next::Abort(other.to_string()),
+    }
+}
+
+impl SharedProducer {
+    /// A transactional producer: `transactional_id` must belong to this producer alone (one
+    /// per worker thread of a task runtime); opening it fences any earlier producer with the
+    /// same id and aborts its open transaction, so call it before restoring the stores it will
+    /// carry. A transaction is open from here on: every write of an attached store, and every
+    /// output, is part of it until [`commit_transaction`](Self::commit_transaction) or
+    /// [`abort_transaction`](Self::abort_transaction), which open the next one.
+    ///
+    /// Records time out no later than the transaction (`message.timeout.ms` is at most
+    /// `transaction_timeout`).
+    pub fn transactional(
+        config: &ChangelogConfig,
+        transactional_id: impl Into<String>,
+        transaction_timeout: Duration,
+    ) -> Result<Self, ChangelogError> {
+        let id = transactional_id.into();
+        let producer = Self::build(
+            config,
+            Some(Transaction {
+                id: id.clone(),
+                timeout: transaction_timeout,
+                commit_requested: AtomicBool::new(false),
+            }),
+        )?;
+        let kafka = |operation, source| ChangelogError::Kafka {
+            topic: config.topic.clone(),
+            partition: config.partition,
+            operation,
+            source,
+        };
+        producer
+            .inner
+            .init_transactions(config.open_timeout + transaction_timeout)
+            .map_err(|e| kafka("init transactions", e))?;
+        producer
+            .inner
+            .begin_transaction()
+            .map_err(|e| kafka("begin transaction", e))?;
+        tracing::info!(transactional_id = %id, "transactional producer ready");
+        Ok(producer)
+    }
+
+    /// Whether this producer is transactional.
+    pub fn is_transactional(&self) -> bool {
+        self.transaction.is_some()
+    }
+
+    /// A store's overlay reached its bound since the last commit: commit soon.
+    pub fn commit_requested(&self) -> bool {
+        self.transaction
+            .as_ref()
+            .is_some_and(|t| t.commit_requested.load(Ordering::Acquire))
+    }
+
+    fn transaction_state(&self) -> Result<&Transaction, TransactionError> {
+        self.transaction
+            .as_deref()
+            .ok_or_else(|| TransactionError::Fatal {
+                transactional_id: String::new(),
+                operation: "transaction",
+                message: "this producer is not transactional (SharedProducer::transactional)"
+                    .into(),
+            })
+    }
+
+    fn members(&self) -> Vec<Arc<dyn TransactionMember>> {
+        self.routes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .members
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect()
+    }
+
+    /// Commits the open transaction: waits until the broker acknowledged every record, adds
+    /// `offsets` (the next input offsets to read, with the consumer's current group metadata)
+    /// to it, commits it, and then writes each attached store's overlay with its last offset
+    /// into RocksDB. Opens the next transaction. Writes of the attached stores wait meanwhile.
+    ///
+    /// On an abortable error the transaction is aborted instead, every overlay dropped, and
+    /// [`TransactionError::Aborted`] returned: rewind the input to its committed offsets.
+    pub fn commit_transaction(
+        &self,
+        offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
+        timeout: Duration,
+    ) -> Result<(), TransactionError> {
+        let transaction = self.transaction_state()?;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        transaction.commit_requested.store(false, Ordering::Release);
+        let members = self.members();
+        let held: Vec<_> = members.iter().map(|m| m.hold_sends()).collect();
+        let outcome = self.commit_held(&members, transaction, offsets, deadline);
+        drop(held);
+        let (reason, error) = match outcome {
+            Ok(()) => {
+                metrics::histogram!("kstate_transaction_commit_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                return Ok(());
+            }
+            Err(Failure::Done(error)) => {
+                if matches!(error, TransactionError::Fatal { .. }) {
+                    // Fenced, or worse: nothing was applied, and nothing will be.
+                    self.failed_for_good(&members, &error);
+                }
+                return Err(error);
+            }
+            Err(Failure::Abort(reason)) => {
+                let error = TransactionError::Aborted {
+                    transactional_id: transaction.id.clone(),
+                    reason: reason.clone(),
+                };
+                (reason, error)
+            }
+            Err(Failure::AbortThen(reason, error)) => (reason, error),
+        };
+        // A little more time for the abort itself: it is what keeps the stores usable.
+        let deadline = deadline.max(Instant::now() + transaction.timeout);
+        self.abort_members(&members, transaction, &reason, deadline)?;
+        Err(error)
+    }
+
+    /// The commit, with every member's sends held.
+    fn commit_held(
+        &self,
+        members: &[Arc<dyn TransactionMember>],
+        transaction: &Transaction,
+        offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
+        deadline: Instant,
+    ) -> Result<(), Failure> {
+        for member in members {
+            if let Err(reason) = member.settle(deadline) {
+                let why = format!("store {}: {reason}", member.member_name());
+                if reason.is_transient() {
+                    return Err(Failure::Abort(why));
+                }
+                let error = TransactionError::Store {
+                    transactional_id: transaction.id.clone(),
+                    store: member.member_name(),
+                    source: kstate_core::Error::Poisoned {
+                        store: member.member_name(),
+                        reason,
+                    },
+                };
+                return Err(Failure::AbortThen(why, error));
+            }
+        }
+        self.settle_outputs(deadline).map_err(Failure::Abort)?;
+        if let Some((offsets, group)) = offsets {
+            self.retry(transaction, "send offsets", deadline, |left| {
+                self.inner.send_offsets_to_transaction(offsets, group, left)
+            })?;
+        }
+        self.retry(transaction, "commit", deadline, |left| {
+            self.inner.commit_transaction(left)
+        })?;
+        let mut applied = Ok(());
+        for member in members {
+            if let Err(source) = member.committed()
+                && applied.is_ok()
+            {
+                applied = Err(Failure::Done(TransactionError::Store {
+                    transactional_id: transaction.id.clone(),
+                    store: member.member_name(),
+                    source,
+                }));
+            }
+        }
+        self.begin(transaction, members).map_err(Failure::Done)?;
+        applied
+    }
+
+    /// Aborts the open transaction: nothing of it becomes visible, every attached store's
+    /// overlay is dropped (the stores are as at the last commit). Opens the next transaction.
+    /// Rewind the input to its committed offsets afterwards.
+    pub fn abort_transaction(&self, why: &str, timeout: Duration) -> Result<(), TransactionError> {
+        let transaction = self.transaction_state()?;
+        let members = self.members();
+        self.abort_members(&members, transaction, why, Instant::now() + timeout)
+    }
+
+    /// Waits until every output's delivery report was served.
+    fn settle_outputs(&self, deadline: Instant) -> Result<(), String> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.flush(left).map_err(|e| e.to_string())?;
+        // The reports were handed to us; librdkafka counts a record as in flight until it has
+        // also freed it, a moment later.
+        while self.in_flight() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
+    }
+
+    /// Calls `call` with the time left until it succeeds, fails for good or the deadline passes.
+    fn retry(
+        &self,
+        transaction: &Transaction,
+        operation: &'static str,
+        deadline: Instant,
+        mut call: impl FnMut(Duration) -> Result<(), KafkaError>,
+    ) -> Result<(), Failure> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let error = match call(left) {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            match classify(&error) {
+                Next::Retry if !left.is_zero() => {
+                    tracing::debug!(transactional_id = %transaction.id, operation, %error, "retrying");
+                    std::thread::sleep(Duration::from_millis(50).min(left));
+                }
+                Next::Retry => {
+                    return Err(Failure::Abort(format!("{operation}: {error} (timed out)")));
+                }
+                Next::Abort(message) => {
+                    return Err(Failure::Abort(format!("{operation}: {message}")));
+                }
+                Next::Fatal(message) => {
+                    return Err(Failure::Done(TransactionError::Fatal {
+                        transactional_id: transaction.id.clone(),
+                        operation,
+                        message,
+                    }));
+                }
+            }
+        }
+    }
+
+    fn abort_members(
+        &self,
+        members: &[Arc<dyn TransactionMember>],
+        transaction: &Transaction,
+        why: &str,
+        deadline: Instant,
+    ) -> Result<(), TransactionError> {
+        tracing::warn!(transactional_id = %transaction.id, reason = why, "aborting the transaction");
+        for member in members {
+            member.abort_starting();
+        }
+        let held: Vec<_> = members.iter().map(|m| m.hold_sends()).collect();
+        let aborted = self.retry(transaction, "abort", deadline, |left| {
+            self.inner.abort_transaction(left)
+        });
+        if let Err(failure) = aborted {
+            // An abort that cannot complete leaves the producer unusable.
+            let fatal = match failure {
+                Failure::Done(fatal) => fatal,
+                Failure::Abort(message) | Failure::AbortThen(message, _) => {
+                    TransactionError::Fatal {
+                        transactional_id: transaction.id.clone(),
+                        operation: "abort",
+                        message,
+                    }
+                }
+            };
+            self.failed_for_good(members, &fatal);
+            return Err(fatal);
+        }
+        self.outputs.forget();
+        for member in members {
+            member.aborted();
+        }
+        metrics::counter!("kstate_transactions_aborted").increment(1);
+        let begun = self.begin(transaction, members);
+        drop(held);
+        begun
+    }
+
+    fn begin(
+        &self,
+        transaction: &Transaction,
+        members: &[Arc<dyn TransactionMember>],
+    ) -> Result<(), TransactionError> {
+        self.inner.begin_transaction().map_err(|e| {
+            let fatal = TransactionError::Fatal {
+                transactional_id: transaction.id.clone(),
+                operation: "begin",
+                message: e.to_string(),
+            };
+            self.failed_for_good(members, &fatal);
+            fatal
+        })
+    }
+
+    fn failed_for_good(&self, members: &[Arc<dyn TransactionMember>], error: &TransactionError) {
+        tracing::error!(%error, "transactional producer failed");
+        for member in members {
+            member.producer_failed(PoisonReason::ClientFailed {
+                message: error.to_string(),
+            });
+        }
+    }
+}

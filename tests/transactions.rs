@@ -1,0 +1,317 @@
+//! Stores under a transactional producer (exactly-once), against a real broker:
+//! - a commit applies the overlay with its last offset, an abort drops it, and the offset
+//!   bookkeeping follows the transaction markers;
+//! - a producer fenced by a newer one with the same transactional id applies nothing;
+//! - a `Batch` is atomic through SIGKILL: after any kill the restored store holds every batch
+//!   whole or not at all, and exactly the committed transactions.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use kstate::kstate_core::{Batch, Error, KeyValueStore};
+use kstate::kstate_kafka::{
+    ChangelogPosition, LoggedStore, OpenHooks, RestoredStore, SharedProducer, TransactionError,
+};
+use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use rand::{Rng, SeedableRng};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn attach(
+    path: &Path,
+    topic: &str,
+    producer: &SharedProducer,
+    hooks: &OpenHooks,
+) -> Result<LoggedStore> {
+    let restored = RestoredStore::restore(
+        path,
+        &RocksDbOptions::default(),
+        common::changelog(topic)?,
+        hooks,
+    )?;
+    Ok(LoggedStore::attach(restored, producer)?)
+}
+
+fn stored(store: &LoggedStore) -> Result<i64> {
+    Ok(store
+        .committed_position()?
+        .context("no stored position")?
+        .offset)
+}
+
+#[test]
+fn a_commit_applies_the_overlay_and_an_abort_drops_it() -> Result<()> {
+    let topic = kstate_test_broker::unique_topic("txn-commit-abort");
+    let dir = tempfile::tempdir()?;
+    let config = common::changelog(&topic)?;
+    let producer =
+        SharedProducer::transactional(&config, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
+    let store = attach(
+        &dir.path().join("s"),
+        &topic,
+        &producer,
+        &OpenHooks::default(),
+    )?;
+
+    store.put(b"a", b"1")?;
+    ensure!(
+        matches!(store.commit(), Err(Error::InvalidArgument { .. })),
+        "a store under a transaction must refuse a commit of its own"
+    );
+    producer.commit_transaction(None, TIMEOUT)?;
+    ensure!(
+        stored(&store)? == 0,
+        "the commit stored offset {}",
+        stored(&store)?
+    );
+
+    store.put(b"a", b"2")?;
+    store.put(b"b", b"1")?;
+    ensure!(
+        store.get(b"a")?.as_deref() == Some(&b"2"[..]),
+        "reads see the open transaction"
+    );
+    // Let the aborted records reach the log, so that the abort leaves them and a marker there.
+    common::streams::wait_for("the records to be acknowledged", TIMEOUT, || {
+        Ok(store.unacknowledged() == 0)
+    })?;
+    producer.abort_transaction("test", TIMEOUT)?;
+    ensure!(
+        store.get(b"a")?.as_deref() == Some(&b"1"[..]),
+        "the abort kept a=2"
+    );
+    ensure!(store.get(b"b")?.is_none(), "the abort kept b");
+    ensure!(stored(&store)? == 0, "the abort moved the stored offset");
+
+    let mut batch = Batch::new();
+    batch.put(b"c".to_vec(), b"1".to_vec());
+    batch.delete(b"a".to_vec());
+    store.write(batch)?;
+    producer.commit_transaction(None, TIMEOUT)?;
+    // 0 a=1, 1 commit marker, 2-3 aborted, 4 abort marker, 5 c=1, 6 delete a, 7 commit marker.
+    ensure!(
+        stored(&store)? == 6,
+        "stored offset {} after the third transaction",
+        stored(&store)?
+    );
+    store.put(b"d", b"1")?;
+    producer.commit_transaction(None, TIMEOUT)?;
+    ensure!(
+        stored(&store)? == 8,
+        "the record after a commit marker landed at {} (one writer, markers counted)",
+        stored(&store)?
+    );
+    let end = common::high_watermark(&topic, 0)?;
+    let folded = common::fold_changelog(&topic, 0, end)?;
+    let held = common::contents(&store)?;
+    ensure!(
+        held == folded,
+        "store {held:?} != committed changelog {folded:?}"
+    );
+    store.close()?;
+    drop(store);
+
+    // What RocksDB holds is exactly that, and a reopen replays nothing but markers.
+    let (reopened, report) = common::open_reporting(&dir.path().join("s"), config)?;
+    ensure!(
+        report.records == 0,
+        "reopen replayed {} records",
+        report.records
+    );
+    ensure!(
+        common::contents(&reopened)? == folded,
+        "reopened store differs"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_fenced_producer_applies_nothing() -> Result<()> {
+    let topic = kstate_test_broker::unique_topic("txn-fenced");
+    let dir = tempfile::tempdir()?;
+    let config = common::changelog(&topic)?;
+    let id = format!("{topic}-w");
+    let zombie = SharedProducer::transactional(&config, &id, TRANSACTION_TIMEOUT)?;
+    let path = dir.path().join("zombie");
+    let store = attach(&path, &topic, &zombie, &OpenHooks::default())?;
+    store.put(b"k", b"1")?;
+    zombie.commit_transaction(None, TIMEOUT)?;
+    store.put(b"k", b"2")?;
+    store.put(b"other", b"x")?;
+
+    // A new incarnation with the same transactional id fences the zombie and aborts its open
+    // transaction.
+    let _successor = SharedProducer::transactional(&config, &id, TRANSACTION_TIMEOUT)?;
+    let committed = zombie.commit_transaction(None, TIMEOUT);
+    ensure!(
+        matches!(committed, Err(TransactionError::Fatal { .. })),
+        "the fenced producer's commit returned {committed:?}"
+    );
+    ensure!(
+        matches!(store.get(b"k"), Err(Error::Poisoned { .. })),
+        "the fenced store still serves values"
+    );
+    drop(store);
+    drop(zombie);
+
+    let raw = RocksDbStore::open(&path, &RocksDbOptions::default())?;
+    ensure!(
+        raw.get(b"k")?.as_deref() == Some(&b"1"[..]),
+        "RocksDB holds k={:?}, not the committed 1",
+        raw.get(b"k")?
+    );
+    ensure!(
+        raw.get(b"other")?.is_none(),
+        "RocksDB holds the fenced write"
+    );
+    let position = ChangelogPosition::read(&raw)?.context("no position")?;
+    ensure!(position.offset == 0, "stored offset {}", position.offset);
+    let end = common::high_watermark(&topic, 0)?;
+    let folded = common::fold_changelog(&topic, 0, end)?;
+    ensure!(
+        folded.len() == 1 && folded.get(&b"k"[..]).map(Vec::as_slice) == Some(&b"1"[..]),
+        "read_committed sees {folded:?}"
+    );
+    Ok(())
+}
+
+const DIR_ENV: &str = "KSTATE_TXN_DIR";
+const TOPIC_ENV: &str = "KSTATE_TXN_TOPIC";
+const BATCH_KEYS: u32 = 20;
+const BATCHES_PER_TRANSACTION: u64 = 5;
+const KILLS: usize = 8;
+
+fn batch_key(i: u32) -> [u8; 4] {
+    i.to_be_bytes()
+}
+
+/// The child's part: does nothing unless run by the parent below. Writes batch after batch
+/// (batch `n` sets every one of the 20 keys to `n`), commits every 5 batches, and appends `n`
+/// to a file after each commit returned.
+#[test]
+fn txn_child_writes_batches_until_killed() -> Result<()> {
+    let (Ok(dir), Ok(topic)) = (std::env::var(DIR_ENV), std::env::var(TOPIC_ENV)) else {
+        return Ok(());
+    };
+    let dir = Path::new(&dir);
+    let config = common::changelog(&topic)?;
+    // Fences the previous child (killed) before the restore captures its end.
+    let producer =
+        SharedProducer::transactional(&config, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
+    let store = attach(&dir.join("store"), &topic, &producer, &OpenHooks::default())?;
+    let mut n = store
+        .get(&batch_key(0))?
+        .map_or(0, |v| u64::from_be_bytes(v.try_into().unwrap()));
+    let mut committed = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("committed"))?;
+    println!("KSTATE-CHILD-READY");
+    loop {
+        n += 1;
+        let mut batch = Batch::new();
+        for i in 0..BATCH_KEYS {
+            batch.put(batch_key(i).to_vec(), n.to_be_bytes().to_vec());
+        }
+        store.write(batch)?;
+        if n.is_multiple_of(BATCHES_PER_TRANSACTION) {
+            producer.commit_transaction(None, TIMEOUT)?;
+            committed.write_all(format!("{n}\n").as_bytes())?;
+        }
+    }
+}
+
+#[test]
+fn a_batch_is_atomic_through_sigkill_under_a_transaction() -> Result<()> {
+    let topic = kstate_test_broker::unique_topic("txn-batch-crash");
+    let dir = tempfile::tempdir()?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for kill in 0..KILLS {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "--exact",
+                "txn_child_writes_batches_until_killed",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(DIR_ENV, dir.path())
+            .env(TOPIC_ENV, &topic)
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let ready = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.contains("KSTATE-CHILD-READY"));
+        ensure!(ready, "kill {kill}: the child exited before it was ready");
+        std::thread::sleep(Duration::from_millis(rng.random_range(300..1500)));
+        child.kill()?; // SIGKILL, most likely in the middle of a batch or a transaction
+        ensure!(
+            !child.wait()?.success(),
+            "kill {kill}: the child exited by itself"
+        );
+
+        // As the next owner would: fence the dead writer (aborting its open transaction), then
+        // restore.
+        let config = common::changelog(&topic)?;
+        let fence =
+            SharedProducer::transactional(&config, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
+        let recorder = Arc::new(common::Recorder::default());
+        let hooks = OpenHooks {
+            listener: Some(recorder.clone()),
+            record_check: None,
+            cancel: None,
+        };
+        let store = attach(&dir.path().join("store"), &topic, &fence, &hooks)?;
+        let report = recorder.ends.lock().unwrap()[0].clone();
+        ensure!(
+            report.start.rebuild_reason.is_none(),
+            "kill {kill}: the store was rebuilt: {:?}",
+            report.start
+        );
+        let values: Vec<Option<Vec<u8>>> = (0..BATCH_KEYS)
+            .map(|i| store.get(&batch_key(i)))
+            .collect::<Result<_, _>>()?;
+        ensure!(
+            values.iter().all(|v| *v == values[0]),
+            "kill {kill}: a torn batch: {values:?}"
+        );
+        let n = values[0]
+            .clone()
+            .map_or(0, |v| u64::from_be_bytes(v.try_into().unwrap()));
+        let acknowledged: u64 = std::fs::read_to_string(dir.path().join("committed"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .max()
+            .unwrap_or(0);
+        ensure!(
+            n.is_multiple_of(BATCHES_PER_TRANSACTION),
+            "kill {kill}: batch {n} is visible, but transactions end at multiples of {BATCHES_PER_TRANSACTION}"
+        );
+        ensure!(
+            n == acknowledged || n == acknowledged + BATCHES_PER_TRANSACTION,
+            "kill {kill}: the store holds batch {n}, the child's last acknowledged commit was {acknowledged}"
+        );
+        let folded = common::fold_changelog(&topic, 0, report.start.end_offset)?;
+        ensure!(
+            common::contents(&store)? == folded,
+            "kill {kill}: the store differs from its committed changelog"
+        );
+        eprintln!(
+            "kill {kill}: batch {n} (acknowledged {acknowledged}), replayed {} records",
+            report.records
+        );
+        store.close()?;
+    }
+    Ok(())
+}
