@@ -5,6 +5,7 @@
 //! e2e setup    --input T --partitions P --rows N [--keys K | --unique] [--key-bytes B]
 //! e2e output   --topic T --partitions P                        output topic (LogAppendTime)
 //! e2e kstate   --input T --output T --application-id A --rows N [--threads N] [--coalesce]
+//!              [--guarantee at-least-once|exactly-once]
 //! e2e pipe     --input T --output T --application-id A --rows N
 //! e2e measure  --output T --partitions P --rows N --expect records|counts [--json PATH]
 //! e2e wait     --output T --records N [--timeout-s S]
@@ -16,7 +17,11 @@
 //!   wide (default 8: the index big-endian; wider keys add incompressible filler, which is how
 //!   the failover benchmark gets about 1 GB of state). Partitioned by murmur2 like the Java client.
 //! - `kstate` runs the count-by-key task (the `count_by_key` example's processor) in process
-//!   until it has processed and committed N records, then stops gracefully.
+//!   until it has processed and committed N records, then stops gracefully. `--guarantee
+//!   exactly-once` runs it exactly-once (one transaction per worker and commit interval); the
+//!   tasks' `processed` counts only records whose commit (under exactly-once: whose
+//!   transaction) succeeded, and an abort's rewind does not count its records twice, so the
+//!   same stop condition holds under both guarantees.
 //! - `pipe` is the physical limit: the same broker work with no state. Each input record is
 //!   consumed and two records produced (the output, and a record to a compacted topic standing
 //!   in for the changelog), idempotent with acks=all; every 100 ms it waits until the broker
@@ -27,7 +32,11 @@
 //!   whoever produced it. The rate is N input records over the time from the first output's
 //!   append to the last one's: start-up (group join, topic creation) is outside the clock for
 //!   every system alike. `--expect records`: one output per input (caching off, the pipe);
-//!   `--expect counts`: the outputs' last counts sum to N (caching on emits fewer).
+//!   `--expect counts`: the outputs' last counts sum to N (caching on emits fewer). It reads
+//!   with `isolation.level=read_committed` (aborted outputs of an exactly-once run do not count)
+//!   and is done with a partition when the consumer's position reaches the high watermark the
+//!   partition had at the start: on a transactional topic the commit markers take offsets, so
+//!   the last record's offset + 1 is below it.
 //! - `wait` returns once the output topic holds N records (everything processed).
 //! - `failover` SIGKILLs process PID (one copy of an application that has processed its input),
 //!   then writes one marker record to every input partition and waits until each partition's
@@ -42,7 +51,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use kstate::kstate_task::App;
+use kstate::kstate_task::{App, ProcessingGuarantee};
 use kstate_bench::flags::Flags;
 use kstate_bench::kafka::{
     LOG_APPEND_TIME, Settled, append_time, create_topic, partition_count, producer, send,
@@ -131,17 +140,23 @@ async fn setup(servers: &str, flags: &Flags) -> Result<()> {
 fn run_kstate(servers: &str, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
     let coalesce = flags.switch("coalesce");
+    let guarantee = match flags.optional("guarantee") {
+        Some(text) => text.parse::<ProcessingGuarantee>()?,
+        None => ProcessingGuarantee::default(),
+    };
     let state_dir = tempfile::tempdir()?;
     let mut builder = App::builder(flags.get("application-id")?, servers);
     builder
         .input(flags.get("input")?)
         .state_dir(state_dir.path())
-        .threads(flags.number("threads", Some(1))?);
+        .threads(flags.number("threads", Some(1))?)
+        .processing_guarantee(guarantee);
     let (app, _) = count::build(&mut builder, &flags.get("output")?, coalesce)?;
     let started = Instant::now();
     let running = app.start()?;
     let deadline = started + Duration::from_secs(1800);
     loop {
+        // `processed` counts committed records only (see the module docs), whatever the guarantee.
         let processed: u64 = running.tasks().iter().map(|t| t.processed).sum();
         if processed >= rows {
             break;
@@ -159,7 +174,7 @@ fn run_kstate(servers: &str, flags: &Flags) -> Result<()> {
     running.shutdown();
     running.wait()?;
     eprintln!(
-        "kstate e2e processed {rows} records in {} ms from start (coalescing {})",
+        "kstate e2e processed {rows} records in {} ms from start (coalescing {}, {guarantee})",
         elapsed.as_millis(),
         if coalesce { "on" } else { "off" }
     );
@@ -239,12 +254,14 @@ async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
     Ok(())
 }
 
-/// A consumer outside any application's group, for reading outputs back.
+/// A consumer outside any application's group, for reading outputs back: committed records
+/// only (librdkafka's default, stated here because `measure` depends on it).
 fn reader(servers: &str) -> Result<BaseConsumer> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", servers)
         .set("group.id", "kstate-e2e-measure")
         .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
         .create()?)
 }
 
@@ -259,6 +276,10 @@ struct MeasureResult {
     /// (outputs appended so far, ms since the first) at every 100 ms of append time.
     progress: Vec<(u64, f64)>,
 }
+
+/// How long `measure` waits without its position moving. Longer than a transaction timeout
+/// (10 s for both systems), so that a transaction left open is aborted before it gives up.
+const MEASURE_STALL: Duration = Duration::from_secs(30);
 
 /// Reads the output back; prints `e2e ... records_per_sec=<r>` over first-to-last append time.
 fn measure(servers: &str, flags: &Flags) -> Result<()> {
@@ -281,9 +302,41 @@ fn measure(servers: &str, flags: &Flags) -> Result<()> {
     let (mut first, mut last) = (i64::MAX, i64::MIN);
     // Outputs per 100 ms of append time, for the progress points.
     let mut per_tick: BTreeMap<i64, u64> = BTreeMap::new();
+    // Done with a partition once the position (the next offset to read, past commit markers
+    // and aborted records too) reaches its high watermark; checked whenever the consumer is idle
+    // and every few thousand records.
+    let mut last_progress = (Instant::now(), None::<i64>);
+    let mut since_check = 0u32;
     while !ends.is_empty() {
-        let Some(message) = consumer.poll(Duration::from_secs(10)) else {
-            bail!("reading {output} stalled");
+        let message = consumer.poll(Duration::from_millis(100));
+        since_check += 1;
+        if message.is_none() || since_check >= 4096 {
+            since_check = 0;
+            let mut total = 0;
+            for element in consumer.position()?.elements() {
+                if let Offset::Offset(position) = element.offset() {
+                    total += position;
+                    if ends
+                        .get(&element.partition())
+                        .is_some_and(|end| position >= *end)
+                    {
+                        ends.remove(&element.partition());
+                    }
+                }
+            }
+            if last_progress.1 != Some(total) {
+                last_progress = (Instant::now(), Some(total));
+            }
+            ensure!(
+                last_progress.0.elapsed() < MEASURE_STALL,
+                "reading {output} stalled: no progress for {MEASURE_STALL:?}, partitions {:?} \
+                 not at their high watermarks {:?}",
+                ends.keys().collect::<Vec<_>>(),
+                ends.values().collect::<Vec<_>>()
+            );
+        }
+        let Some(message) = message else {
+            continue;
         };
         let m = message?;
         let appended = append_time(&m)?;
@@ -299,12 +352,6 @@ fn measure(servers: &str, flags: &Flags) -> Result<()> {
                 .entry(m.key().unwrap_or_default().to_vec())
                 .or_insert(0);
             *e = (*e).max(n);
-        }
-        if ends
-            .get(&m.partition())
-            .is_some_and(|end| m.offset() + 1 >= *end)
-        {
-            ends.remove(&m.partition());
         }
     }
     match expect.as_str() {

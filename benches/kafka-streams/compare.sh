@@ -10,7 +10,10 @@
 #      keys): `groupByKey().count()` to an output topic in Kafka Streams (caching off, then on)
 #      and kstate's count-by-key task (`examples/e2e.rs kstate`, coalescing off, then on), and a
 #      bare rdkafka pipe doing the same broker work with no state (consume one, produce two);
-#      each measured by `e2e measure` from its output topic's broker append times;
+#      then both count-by-keys again exactly-once, caching off (Kafka Streams:
+#      processing.guarantee=exactly_once_v2, commit.interval.ms=100; kstate: `--guarantee
+#      exactly-once`, one transaction per worker and commit interval); each measured by
+#      `e2e measure` from its output topic's broker append times (read_committed);
 #   5. the failover (failover.sh, whose header says how): two copies of each system's count-by-key
 #      application, one SIGKILLed with about 1 GB of state; seconds until the survivor has
 #      processed a record of every partition that moved to it;
@@ -20,7 +23,11 @@
 #        e2e-alos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-alos-cached kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-pipe rdkafka=<r>/s kstate=<r>/s ratio=<kstate/rdkafka>
+#        e2e-eos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
+#        e2e-eos-overhead kstate-alos=<r>/s kstate-eos=<r>/s eos/alos=<kstate-eos/kstate-alos>
 #        failover kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
+#      (e2e-eos-overhead: kstate's exactly-once rate against its at-least-once, caching off, rate
+#      of the same run, i.e. e2e-alos's kstate number).
 #
 # ROWS: the first argument, else $ROWS, else 1000000.
 # Environment:
@@ -31,7 +38,11 @@
 #   KS_JAVA_OPTS             extra JVM options for the Kafka Streams runs (space-separated)
 #   E2E_ROWS                 records of the end-to-end runs (default: ROWS)
 #   E2E_PARTITIONS           the end-to-end input's partitions (default 4)
-#   ONLY=e2e | ONLY=failover run only the end-to-end part (4.) or only the failover (5.)
+#   ONLY=e2e | ONLY=failover run only the end-to-end part (4.) or only the failover (5.);
+#   ONLY=eos                 only the exactly-once end-to-end pair and kstate's at-least-once
+#                            run (caching off) for the overhead line: prints e2e-eos and
+#                            e2e-eos-overhead only
+#                            (default ONLY=all: everything)
 #   FAILOVER_*, SESSION_TIMEOUT_MS, HEARTBEAT_MS
 #                            the failover's settings (see failover.sh)
 #   KSTATE_E2E               kstate's e2e example binary (default next to rows_per_second)
@@ -89,7 +100,8 @@ field() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 rate() { awk -v n="$1" -v ms="$2" 'BEGIN { printf "%.0f", n / (ms / 1000) }'; }
 
-[[ $ONLY == all || $ONLY == e2e || $ONLY == failover ]] || die "ONLY=$ONLY: e2e or failover"
+[[ $ONLY == all || $ONLY == e2e || $ONLY == eos || $ONLY == failover ]] ||
+    die "ONLY=$ONLY: all, e2e, eos or failover"
 if [[ $ONLY == all ]]; then
 # ------------------------------------------------------------------ a. kstate
 
@@ -148,11 +160,13 @@ log "d. end to end: $E2E_ROWS records into $E2E_IN ($E2E_PARTITIONS partitions)"
 e2e setup --input "$E2E_IN" --partitions "$E2E_PARTITIONS" --rows "$E2E_ROWS" 2>&1 |
     tee "$LOG_DIR/e2e-setup.log"
 # run NAME EXPECT COMMAND...: a fresh LogAppendTime output topic $APP-NAME-out, the command, the
-# measure; leaves the rate in $LOG_DIR/NAME.measure.
+# measure; leaves the rate in $LOG_DIR/NAME.measure. NAME is also the application id's suffix.
+e2e_ran=()
 e2e_run() {
     local name=$1 expect=$2
     shift 2
     local out=$APP-$name-out
+    e2e_ran+=("$name")
     e2e output --topic "$out" --partitions "$E2E_PARTITIONS"
     log "d. $name"
     "$@" --output "$out" 2>&1 | tee "$LOG_DIR/$name.log"
@@ -164,26 +178,36 @@ ks_e2e() {
     java "${JAVA_OPTS[@]}" -jar "$JAR" e2e --bootstrap "$BOOTSTRAP" --input "$E2E_IN" \
         --rows "$E2E_ROWS" "$@"
 }
-e2e_run ks-uncached records ks_e2e --application-id "$APP-ks-uncached" --caching off
-e2e_run kstate-uncached records e2e kstate --input "$E2E_IN" --rows "$E2E_ROWS" \
-    --application-id "$APP-kstate-uncached"
-e2e_run ks-cached counts ks_e2e --application-id "$APP-ks-cached" --caching on
-e2e_run kstate-cached counts e2e kstate --input "$E2E_IN" --rows "$E2E_ROWS" \
-    --application-id "$APP-kstate-cached" --coalesce
-e2e_run pipe records e2e pipe --input "$E2E_IN" --rows "$E2E_ROWS" --application-id "$APP-pipe"
-e2e_ks=$(e2e_rate "$LOG_DIR/ks-uncached.measure")
+kstate_e2e() {
+    local name=$1
+    shift
+    e2e kstate --input "$E2E_IN" --rows "$E2E_ROWS" --application-id "$APP-$name" "$@"
+}
+if [[ $ONLY != eos ]]; then
+    e2e_run ks-uncached records ks_e2e --application-id "$APP-ks-uncached" --caching off
+fi
+e2e_run kstate-uncached records kstate_e2e kstate-uncached
+if [[ $ONLY != eos ]]; then
+    e2e_run ks-cached counts ks_e2e --application-id "$APP-ks-cached" --caching on
+    e2e_run kstate-cached counts kstate_e2e kstate-cached --coalesce
+    e2e_run pipe records e2e pipe --input "$E2E_IN" --rows "$E2E_ROWS" --application-id "$APP-pipe"
+    e2e_ks=$(e2e_rate "$LOG_DIR/ks-uncached.measure")
+    e2e_ks_cached=$(e2e_rate "$LOG_DIR/ks-cached.measure")
+    e2e_kstate_cached=$(e2e_rate "$LOG_DIR/kstate-cached.measure")
+    e2e_pipe=$(e2e_rate "$LOG_DIR/pipe.measure")
+fi
+# Exactly-once, caching off: the same topology and commit interval as ks-uncached and
+# kstate-uncached.
+e2e_run ks-eos records ks_e2e --application-id "$APP-ks-eos" --caching off --guarantee exactly-once
+e2e_run kstate-eos records kstate_e2e kstate-eos --guarantee exactly-once
 e2e_kstate=$(e2e_rate "$LOG_DIR/kstate-uncached.measure")
-e2e_ks_cached=$(e2e_rate "$LOG_DIR/ks-cached.measure")
-e2e_kstate_cached=$(e2e_rate "$LOG_DIR/kstate-cached.measure")
-e2e_pipe=$(e2e_rate "$LOG_DIR/pipe.measure")
+e2e_ks_eos=$(e2e_rate "$LOG_DIR/ks-eos.measure")
+e2e_kstate_eos=$(e2e_rate "$LOG_DIR/kstate-eos.measure")
 if [[ ${KEEP_TOPICS:-0} == 0 ]]; then
-    e2e_topics=("$E2E_IN")
-    for name in ks-uncached kstate-uncached ks-cached kstate-cached pipe; do
-        e2e_topics+=("$APP-$name-out")
+    e2e_topics=("$E2E_IN" "$APP-pipe-shadow-changelog")
+    for name in "${e2e_ran[@]}"; do
+        e2e_topics+=("$APP-$name-out" "$APP-$name-counts-changelog")
     done
-    e2e_topics+=("$APP-kstate-uncached-counts-changelog" "$APP-kstate-cached-counts-changelog"
-        "$APP-pipe-shadow-changelog" "$APP-ks-uncached-counts-changelog"
-        "$APP-ks-cached-counts-changelog")
     for topic in "${e2e_topics[@]}"; do
         "$KAFKA_SCRIPT" run-class org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" \
             --delete --if-exists --topic "$topic" >/dev/null 2>&1 || log "could not delete $topic"
@@ -195,7 +219,7 @@ fi
 # ------------------------------------------------------------------ e. the failover
 
 failover_line=
-if [[ $ONLY != e2e ]]; then
+if [[ $ONLY == all || $ONLY == failover ]]; then
     log "e. failover (failover.sh; logs in $LOG_DIR/failover)"
     KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/failover \
         "$HERE/failover.sh" | tee "$LOG_DIR/failover.out"
@@ -218,10 +242,14 @@ if [[ $ONLY == all ]]; then
     echo "restore kafka-streams=$ks_restore/s kstate=$kstate_restore/s ratio=$(ratio "$kstate_restore" "$ks_restore")"
     echo "puts kafka-streams=$ks_puts/s kstate=$kstate_puts/s ratio=$(ratio "$kstate_puts" "$ks_puts")"
 fi
-if [[ $ONLY != failover ]]; then
+if [[ $ONLY == all || $ONLY == e2e ]]; then
     echo "e2e-alos kafka-streams=$e2e_ks/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_ks")"
     echo "e2e-alos-cached kafka-streams=$e2e_ks_cached/s kstate=$e2e_kstate_cached/s ratio=$(ratio "$e2e_kstate_cached" "$e2e_ks_cached")"
     echo "e2e-pipe rdkafka=$e2e_pipe/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_pipe")"
+fi
+if [[ $ONLY != failover ]]; then
+    echo "e2e-eos kafka-streams=$e2e_ks_eos/s kstate=$e2e_kstate_eos/s ratio=$(ratio "$e2e_kstate_eos" "$e2e_ks_eos")"
+    echo "e2e-eos-overhead kstate-alos=$e2e_kstate/s kstate-eos=$e2e_kstate_eos/s eos/alos=$(ratio "$e2e_kstate_eos" "$e2e_kstate")"
 fi
 if [[ -n $failover_line ]]; then
     echo "$failover_line"

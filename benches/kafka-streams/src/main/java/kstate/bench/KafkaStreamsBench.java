@@ -96,7 +96,7 @@ public final class KafkaStreamsBench {
                         + "  puts --bootstrap B --rows N [--application-id APP] [--store STORE]"
                         + " [--topology papi|dsl] [--value-size BYTES] [--seed N] [--delete-topics]\n"
                         + "  e2e --bootstrap B --application-id APP --input TOPIC --output TOPIC --rows N"
-                        + " [--caching on|off]\n"
+                        + " [--caching on|off] [--guarantee at-least-once|exactly-once]\n"
                         + "  serve --bootstrap B --application-id APP --input TOPIC --output TOPIC --state-dir DIR"
                         + " [--session-timeout-ms N] [--heartbeat-interval-ms N]");
     }
@@ -307,6 +307,13 @@ public final class KafkaStreamsBench {
      * default commit interval). Runs until the input's {@code rows} records have been read, then
      * closes (flushing the cache and committing). The rate is measured from the output topic's
      * append times by kstate's e2e example, the same way for both systems.
+     *
+     * <p>{@code --guarantee exactly-once} sets processing.guarantee=exactly_once_v2 (default
+     * at-least-once: at_least_once); nothing else changes (commit.interval.ms stays 100, which is
+     * also Kafka Streams' default under exactly-once). A task whose transaction aborts processes its
+     * records again, so the count of records read can reach {@code rows} before every record has
+     * been processed in a committed transaction: under exactly-once the app also waits until the
+     * group's committed offsets reach the input's end offsets before it closes.
      */
     private static int e2e(Map<String, String> opts) throws Exception {
         String bootstrap = required(opts, "bootstrap");
@@ -315,6 +322,13 @@ public final class KafkaStreamsBench {
         String output = required(opts, "output");
         long rows = number(opts, "rows", 0);
         boolean caching = opts.getOrDefault("caching", "off").equals("on");
+        String guarantee = switch (opts.getOrDefault("guarantee", "at-least-once")) {
+            case "at-least-once" -> StreamsConfig.AT_LEAST_ONCE;
+            case "exactly-once" -> StreamsConfig.EXACTLY_ONCE_V2;
+            default -> throw new IllegalArgumentException(
+                    "--guarantee must be at-least-once or exactly-once, not " + opts.get("guarantee"));
+        };
+        boolean exactlyOnce = guarantee.equals(StreamsConfig.EXACTLY_ONCE_V2);
         Path stateDir = Files.createTempDirectory("kstate-ks-e2e-");
         AtomicLong seen = new AtomicLong();
         CountDownLatch done = new CountDownLatch(1);
@@ -326,6 +340,7 @@ public final class KafkaStreamsBench {
         Properties props = streamsProps(bootstrap, app, stateDir);
         props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 100);
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, caching ? 10L * 1024 * 1024 : 0L);
+        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, guarantee);
         KafkaStreams streams = new KafkaStreams(topology, props);
         AtomicReference<Throwable> failure = watch(streams);
         int rc = 0;
@@ -336,14 +351,54 @@ public final class KafkaStreamsBench {
                 System.err.println("kafka-streams e2e: read " + seen.get() + " of " + rows + " records: "
                         + (failure.get() != null ? failure.get() : "state " + streams.state()));
                 rc = 1;
+            } else if (exactlyOnce && !committedToEnd(bootstrap, app, input, failure, streams)) {
+                System.err.println("kafka-streams e2e: the group's committed offsets did not reach the end of "
+                        + input + ": " + (failure.get() != null ? failure.get() : "state " + streams.state()));
+                rc = 1;
             } else {
-                System.out.printf("kafka-streams e2e read %d records in %.0f ms from start (caching %s)%n", rows,
-                        (System.nanoTime() - start) / 1e6, caching ? "on" : "off");
+                System.out.printf("kafka-streams e2e read %d records in %.0f ms from start (caching %s, %s)%n", rows,
+                        (System.nanoTime() - start) / 1e6, caching ? "on" : "off", guarantee);
             }
         } finally {
             closeAndClean(streams, stateDir);
         }
         return rc;
+    }
+
+    /**
+     * Waits until group {@code app}'s committed offsets equal {@code input}'s end offsets on every
+     * partition (under exactly-once: every input record was processed in a committed transaction);
+     * false if the client failed or stopped first, or {@link #WAIT_MINUTES} passed.
+     */
+    private static boolean committedToEnd(String bootstrap, String app, String input,
+            AtomicReference<Throwable> failure, KafkaStreams streams) throws Exception {
+        long deadline = System.nanoTime() + TimeUnit.MINUTES.toNanos(WAIT_MINUTES);
+        try (Admin admin = admin(bootstrap)) {
+            TopicDescription d = admin.describeTopics(List.of(input)).allTopicNames().get().get(input);
+            Map<TopicPartition, OffsetSpec> latest = new HashMap<>();
+            for (var p : d.partitions()) {
+                latest.put(new TopicPartition(input, p.partition()), OffsetSpec.latest());
+            }
+            Map<TopicPartition, Long> ends = new HashMap<>();
+            admin.listOffsets(latest).all().get().forEach((tp, info) -> ends.put(tp, info.offset()));
+            while (System.nanoTime() < deadline) {
+                var committed = admin.listConsumerGroupOffsets(app).partitionsToOffsetAndMetadata().get();
+                boolean all = ends.entrySet().stream().allMatch(e -> {
+                    var c = committed.get(e.getKey());
+                    return e.getValue() == 0 || (c != null && c.offset() >= e.getValue());
+                });
+                if (all) {
+                    return true;
+                }
+                KafkaStreams.State s = streams.state();
+                if (failure.get() != null || s == KafkaStreams.State.ERROR || s == KafkaStreams.State.NOT_RUNNING
+                        || s == KafkaStreams.State.PENDING_ERROR) {
+                    return false;
+                }
+                Thread.sleep(20);
+            }
+        }
+        return false;
     }
 
     /**
