@@ -8,7 +8,17 @@
 //!   before started at or after that earlier restore's end: only the tail is replayed;
 //! - the copy stopped gracefully exited 0.
 //!
-//! CI runs about 25 seconds of this; `KSTATE_FAILOVER_SECONDS` runs longer.
+//! The same chaos under `--guarantee exactly-once` (at least 10 kills) checks more: a
+//! `read_committed` reader of the output sees, for every key, exactly `1, 2, ..., n` (its count
+//! after each of its records, in order: no duplicate, no gap) with `n` its true count.
+//!
+//! The zombie test pauses a copy (SIGSTOP) past its session timeout while its transaction holds
+//! processed records, lets another copy take its partitions, then resumes it: nothing of the
+//! paused copy's transaction may become visible (the sequences above stay exact), and every store
+//! it left holds exactly its committed changelog up to its stored offset.
+//!
+//! CI runs about 25 seconds of the at-least-once chaos and 10 kills of the exactly-once one;
+//! `KSTATE_FAILOVER_SECONDS` and `KSTATE_EOS_KILLS` run longer (`scripts/eos-kills`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -61,6 +71,8 @@ struct Run {
     app_id: String,
     input: String,
     output: String,
+    guarantee: &'static str,
+    commit_interval_ms: u64,
 }
 
 impl Run {
@@ -83,7 +95,12 @@ impl Run {
                 "--threads",
                 "2",
                 "--commit-interval-ms",
-                "100",
+                &self.commit_interval_ms.to_string(),
+                "--guarantee",
+                self.guarantee,
+                // A restarted copy fences its previous incarnation's transactions at once.
+                "--instance-id",
+                &format!("copy-{}", copy.slot),
                 "--consumer-property",
                 "session.timeout.ms=6000",
                 "--consumer-property",
@@ -147,26 +164,81 @@ fn restore_lines(log: &Path) -> anyhow::Result<Vec<RestoreLine>> {
     Ok(lines)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> anyhow::Result<()> {
-    let seconds: u64 = std::env::var("KSTATE_FAILOVER_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(25);
-    let seed: u64 = std::env::var("KSTATE_FAILOVER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    eprintln!("failover: {seconds} s, seed {seed} (KSTATE_FAILOVER_SEED to repeat)");
+/// What a chaos run leaves for its checks.
+struct Chaos {
+    servers: String,
+    run: Run,
+    copies: Vec<Copy>,
+    /// Records written per key.
+    truth: BTreeMap<Vec<u8>, u64>,
+    kills: usize,
+    stopped_gracefully: Option<std::process::ExitStatus>,
+    final_exits: Vec<(usize, std::process::ExitStatus)>,
+    _dir: tempfile::TempDir,
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
+}
+
+/// Writes keyed records (key k always in partition k % 12) until `stop` is set; returns how many
+/// records each key got.
+fn keyed_producer(
+    servers: String,
+    input: String,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<anyhow::Result<BTreeMap<Vec<u8>, u64>>> {
+    std::thread::spawn(move || {
+        let mut truth = BTreeMap::new();
+        let mut i = 0usize;
+        while !stop.load(Ordering::Acquire) {
+            let batch: Vec<(i32, Vec<u8>, Vec<u8>)> = (0..200)
+                .map(|j| {
+                    let k = (i + j) * 31 % KEYS;
+                    (
+                        (k as i32) % PARTITIONS,
+                        format!("key-{k}").into_bytes(),
+                        vec![b'v'],
+                    )
+                })
+                .collect();
+            produce(&servers, &input, &batch)?;
+            for (_, key, _) in &batch {
+                *truth.entry(key.clone()).or_insert(0) += 1;
+            }
+            i += batch.len();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(truth)
+    })
+}
+
+/// Three copies (a fourth added a third of the way in, copy 1 stopped with SIGTERM at two
+/// thirds) share a 12-partition input while a producer writes; copies are SIGKILLed and
+/// restarted at random for at least `seconds` and `min_kills` kills. Then waits until every
+/// key's last output count reaches its true count, and stops the copies with SIGTERM.
+async fn chaos(
+    name: &str,
+    guarantee: &'static str,
+    seconds: u64,
+    min_kills: usize,
+) -> anyhow::Result<Chaos> {
+    let seed: u64 = env_number("KSTATE_FAILOVER_SEED").unwrap_or_else(|| rand::rng().random());
+    eprintln!(
+        "{name}: {guarantee}, at least {seconds} s and {min_kills} kills, seed {seed} \
+         (KSTATE_FAILOVER_SEED to repeat)"
+    );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
 
     let servers = kstate_test_broker::bootstrap_servers()?;
     let run = Run {
         binary: example_binary()?,
         servers: servers.clone(),
-        app_id: unique_topic("failover"),
-        input: unique_topic("failover-in"),
-        output: unique_topic("failover-out"),
+        app_id: unique_topic(name),
+        input: unique_topic(&format!("{name}-in")),
+        output: unique_topic(&format!("{name}-out")),
+        guarantee,
+        commit_interval_ms: 100,
     };
     common::create_topic(&servers, &run.input, PARTITIONS, "delete").await?;
     common::create_topic(&servers, &run.output, PARTITIONS, "delete").await?;
@@ -183,42 +255,14 @@ async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> any
     for copy in copies.iter_mut().take(3) {
         run.spawn(copy)?;
     }
-
-    // The producer: keyed records, key k always in partition k % 12, for the whole run.
     let stop = Arc::new(AtomicBool::new(false));
-    let producer = {
-        let (servers, input, stop) = (servers.clone(), run.input.clone(), stop.clone());
-        std::thread::spawn(move || -> anyhow::Result<BTreeMap<Vec<u8>, u64>> {
-            let mut truth = BTreeMap::new();
-            let mut i = 0usize;
-            while !stop.load(Ordering::Acquire) {
-                let batch: Vec<(i32, Vec<u8>, Vec<u8>)> = (0..200)
-                    .map(|j| {
-                        let k = (i + j) * 31 % KEYS;
-                        (
-                            (k as i32) % PARTITIONS,
-                            format!("key-{k}").into_bytes(),
-                            vec![b'v'],
-                        )
-                    })
-                    .collect();
-                produce(&servers, &input, &batch)?;
-                for (_, key, _) in &batch {
-                    *truth.entry(key.clone()).or_insert(0) += 1;
-                }
-                i += batch.len();
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Ok(truth)
-        })
-    };
+    let producer = keyed_producer(servers.clone(), run.input.clone(), stop.clone());
 
     // Chaos: kill and restart copies at random; add the fourth copy a third of the way in, and
     // stop one gracefully at two thirds.
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(seconds);
     let (mut added, mut stopped_gracefully, mut kills) = (false, None, 0);
-    while Instant::now() < deadline {
+    while started.elapsed() < Duration::from_secs(seconds) || kills < min_kills {
         std::thread::sleep(Duration::from_millis(rng.random_range(1_000..3_000)));
         let elapsed = started.elapsed().as_secs_f64() / seconds as f64;
         if !added && elapsed > 0.33 {
@@ -260,7 +304,7 @@ async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> any
     stop.store(true, Ordering::Release);
     let truth = producer.join().expect("producer thread")?;
     let total: u64 = truth.values().sum();
-    eprintln!("failover: {total} records, {kills} kills");
+    eprintln!("{name}: {total} records, {kills} kills");
 
     // Everything the producer wrote gets processed by the copies still running.
     let outcome = wait_for(
@@ -296,32 +340,53 @@ async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> any
                 )
             })
             .collect();
-        let mut logs = String::new();
-        for copy in &copies {
-            logs += &format!(
-                "--- copy {} ---\n{}\n",
-                copy.slot,
-                std::fs::read_to_string(&copy.log).unwrap_or_default()
-            );
-        }
-        bail!("{e}; keys short (key, true, counted): {short:?}\n{logs}");
+        bail!(
+            "{e}; keys short (key, true, counted): {short:?}\n{}",
+            logs(&copies)
+        );
     }
+    Ok(Chaos {
+        servers,
+        run,
+        copies,
+        truth,
+        kills,
+        stopped_gracefully,
+        final_exits,
+        _dir: dir,
+    })
+}
 
-    // Every partition was processed.
-    let out = read_topic(&servers, &run.output, PARTITIONS)?;
+fn logs(copies: &[Copy]) -> String {
+    let mut logs = String::new();
+    for copy in copies {
+        logs += &format!(
+            "--- copy {} ---\n{}\n",
+            copy.slot,
+            std::fs::read_to_string(&copy.log).unwrap_or_default()
+        );
+    }
+    logs
+}
+
+/// The checks both guarantees share: every partition processed, clean exits on SIGTERM, and
+/// restores that never rebuilt and replayed only the tail.
+fn check_exits_and_restores(chaos: &Chaos) -> anyhow::Result<()> {
+    let out = read_topic(&chaos.servers, &chaos.run.output, PARTITIONS)?;
     for p in 0..PARTITIONS {
         assert!(out.iter().any(|r| r.0 == p), "partition {p} has no output");
     }
     // Every copy still running at the end stops cleanly on SIGTERM.
-    for (slot, status) in final_exits {
+    for (slot, status) in &chaos.final_exits {
         assert!(
             status.success(),
             "copy {slot} exited {status} on SIGTERM; its log:\n{}",
-            std::fs::read_to_string(&copies[slot].log)?
+            std::fs::read_to_string(&chaos.copies[*slot].log)?
         );
     }
-    // The graceful stop ended cleanly.
-    let status = stopped_gracefully.context("no copy was stopped gracefully")?;
+    let status = chaos
+        .stopped_gracefully
+        .context("no copy was stopped gracefully")?;
     assert!(
         status.success(),
         "the copy stopped with SIGTERM exited {status}"
@@ -330,7 +395,7 @@ async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> any
     // the next one starts at or after that restore's end (a completed restore is flushed, so a
     // kill after it never replays it again): only the tail.
     let mut restores = 0;
-    for copy in &copies {
+    for copy in &chaos.copies {
         let mut completed: BTreeMap<i32, i64> = BTreeMap::new();
         for line in restore_lines(&copy.log)? {
             match line {
@@ -345,8 +410,9 @@ async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> any
                         assert!(
                             start >= *previous_end,
                             "copy {}: task {partition} restored from {start} though an earlier \
-                             restore completed at {previous_end}",
-                            copy.slot
+                             restore completed at {previous_end}; the copy's log:\n{}",
+                            copy.slot,
+                            std::fs::read_to_string(&copy.log)?
                         );
                     }
                 }
@@ -356,10 +422,60 @@ async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> any
             }
         }
     }
-    eprintln!("failover: {restores} restores checked");
+    eprintln!("{restores} restores checked");
     assert!(
         restores >= PARTITIONS as usize,
         "{restores} restores logged"
     );
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> anyhow::Result<()> {
+    let seconds = env_number("KSTATE_FAILOVER_SECONDS").unwrap_or(25);
+    let chaos = chaos("failover", "at-least-once", seconds, 0).await?;
+    // No input record's effect is missing (kills may count some twice: at-least-once).
+    check_exits_and_restores(&chaos)
+}
+
+/// Every key's counts in the output, in order, must be exactly `1..=n` with `n` its true count.
+fn check_exact_sequences(
+    servers: &str,
+    output: &str,
+    truth: &BTreeMap<Vec<u8>, u64>,
+) -> anyhow::Result<()> {
+    let mut out = read_topic(servers, output, PARTITIONS)?;
+    out.sort_by_key(|r| (r.0, r.1));
+    let mut seen: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for (partition, offset, key, value) in &out {
+        let value = value.as_deref().unwrap_or_default();
+        let count: u64 = std::str::from_utf8(value)?.parse()?;
+        let last = seen.entry(key.clone()).or_insert(0);
+        anyhow::ensure!(
+            count == *last + 1,
+            "key {}: count {count} at {output}/{partition}@{offset} follows {last}: a {}",
+            String::from_utf8_lossy(key),
+            if count <= *last { "duplicate" } else { "gap" }
+        );
+        *last = count;
+    }
+    anyhow::ensure!(
+        &seen == truth,
+        "final counts differ from the true counts ({} keys counted, {} written)",
+        seen.len(),
+        truth.len()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_counts_every_record_once_through_random_kills() -> anyhow::Result<()> {
+    let kills = env_number("KSTATE_EOS_KILLS").unwrap_or(10) as usize;
+    let seconds = env_number("KSTATE_FAILOVER_SECONDS").unwrap_or(25);
+    let chaos = chaos("eos", "exactly-once", seconds, kills).await?;
+    assert!(chaos.kills >= kills, "only {} kills", chaos.kills);
+    if let Err(e) = check_exact_sequences(&chaos.servers, &chaos.run.output, &chaos.truth) {
+        panic!("{e}\n{}", logs(&chaos.copies));
+    }
+    check_exits_and_restores(&chaos)
 }

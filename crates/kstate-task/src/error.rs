@@ -87,7 +87,7 @@ pub enum TaskError {
         worker: usize,
         /// What went wrong.
         #[source]
-        source: kstate_kafka::TransactionError,
+        source: Box<kstate_kafka::TransactionError>,
     },
 
     /// A thread of the runtime could not start, or panicked.
@@ -101,6 +101,13 @@ pub enum TaskError {
 }
 
 impl TaskError {
+    pub(crate) fn transaction(worker: usize, source: kstate_kafka::TransactionError) -> Self {
+        TaskError::Transaction {
+            worker,
+            source: Box::new(source),
+        }
+    }
+
     pub(crate) fn changelog(partition: i32, source: ChangelogError) -> Self {
         TaskError::Changelog {
             partition,

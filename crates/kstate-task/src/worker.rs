@@ -299,10 +299,7 @@ impl Core {
             tracing::warn!(worker = self.index, partitions = ?ending, lost, "aborting the transaction and dropping tasks");
             self.producer
                 .abort_transaction("tasks lost or worker failed", timeout)
-                .map_err(|source| TaskError::Transaction {
-                    worker: self.index,
-                    source,
-                })
+                .map_err(|source| TaskError::transaction(self.index, source))
                 .map(|()| false)
         } else {
             tracing::info!(worker = self.index, partitions = ?ending, "committing the transaction and closing tasks");
@@ -362,10 +359,7 @@ impl Core {
                 tracing::warn!(worker = self.index, error = %e, "transaction aborted; tasks rewind to their committed offsets");
                 self.rewind(consumer)
             }
-            Err(source) => Err(TaskError::Transaction {
-                worker: self.index,
-                source,
-            }),
+            Err(source) => Err(TaskError::transaction(self.index, source)),
         }
     }
 
@@ -388,10 +382,7 @@ impl Core {
         tracing::warn!(worker = self.index, error = %error, "aborting the transaction");
         self.producer
             .abort_transaction(&error.to_string(), self.app.config.revocation_timeout)
-            .map_err(|source| TaskError::Transaction {
-                worker: self.index,
-                source,
-            })?;
+            .map_err(|source| TaskError::transaction(self.index, source))?;
         self.rewind(consumer)
     }
 

@@ -358,7 +358,19 @@ pub(crate) fn restore(
     } else {
         (0, 0)
     };
-    if records > 0 {
+    if start_offset < high && !follow {
+        // Every offset below the end is covered now, those no record holds too (transaction
+        // markers, records compacted away): the position says so, and the next restore starts
+        // at the end instead of reading markers again.
+        let covered = ChangelogPosition {
+            topic: topic.to_string(),
+            partition,
+            offset: high - 1,
+            written_at: since,
+        };
+        covered.write_with(&store, std::iter::empty())?;
+    }
+    if records > 0 || (start_offset < high && !follow) {
         // The replayed batches sit in memtables (no WAL): a crash soon after the restore would
         // replay them all again. One flush makes the restored position durable, so the next
         // restore of this directory replays only what was written after it.
