@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use common::streams::{last_counts, produce, read_topic, wait_for};
+use kstate::kstate_kafka::ChangelogPosition;
+use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 use kstate_test_broker::unique_topic;
 use rand::{Rng, SeedableRng};
 
@@ -478,4 +480,176 @@ async fn exactly_once_counts_every_record_once_through_random_kills() -> anyhow:
         panic!("{e}\n{}", logs(&chaos.copies));
     }
     check_exits_and_restores(&chaos)
+}
+
+/// Writes `n` keyed records (key k in partition k % 12) and counts them in `truth`.
+fn produce_counted(
+    servers: &str,
+    input: &str,
+    n: usize,
+    truth: &mut BTreeMap<Vec<u8>, u64>,
+) -> anyhow::Result<()> {
+    let batch: Vec<(i32, Vec<u8>, Vec<u8>)> = (0..n)
+        .map(|i| {
+            let k = i * 7 % KEYS;
+            (
+                (k as i32) % PARTITIONS,
+                format!("key-{k}").into_bytes(),
+                vec![b'v'],
+            )
+        })
+        .collect();
+    produce(servers, input, &batch)?;
+    for (_, key, _) in batch {
+        *truth.entry(key).or_insert(0) += 1;
+    }
+    Ok(())
+}
+
+fn wait_for_counts(
+    servers: &str,
+    output: &str,
+    truth: &BTreeMap<Vec<u8>, u64>,
+    copies: &[Copy],
+) -> anyhow::Result<()> {
+    let waited = wait_for(
+        "every key's count to reach its true count",
+        Duration::from_secs(120),
+        || {
+            let counts = last_counts(&read_topic(servers, output, PARTITIONS)?);
+            Ok(truth
+                .iter()
+                .all(|(k, n)| counts.get(k).is_some_and(|c| c >= n)))
+        },
+    );
+    waited.map_err(|e| anyhow::anyhow!("{e}\n{}", logs(copies)))
+}
+
+/// Whether some partition of `topic` has records of an open transaction: its last stable offset
+/// (what a read_committed query answers) below its high watermark.
+fn has_open_transaction(servers: &str, topic: &str) -> anyhow::Result<bool> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let client = |isolation| -> anyhow::Result<BaseConsumer> {
+        Ok(rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", servers)
+            .set("isolation.level", isolation)
+            .create()?)
+    };
+    let (uncommitted, committed) = (client("read_uncommitted")?, client("read_committed")?);
+    for p in 0..PARTITIONS {
+        let high = uncommitted.fetch_watermarks(topic, p, Duration::from_secs(10))?.1;
+        let stable = committed.fetch_watermarks(topic, p, Duration::from_secs(10))?.1;
+        if stable < high {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_copy_that_lost_its_partitions_makes_nothing_visible() -> anyhow::Result<()> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let run = Run {
+        binary: example_binary()?,
+        servers: servers.clone(),
+        app_id: unique_topic("zombie"),
+        input: unique_topic("zombie-in"),
+        output: unique_topic("zombie-out"),
+        guarantee: "exactly-once",
+        // Long, so that the paused copy surely holds processed records in its transaction.
+        commit_interval_ms: 3_000,
+    };
+    common::create_topic(&servers, &run.input, PARTITIONS, "delete").await?;
+    common::create_topic(&servers, &run.output, PARTITIONS, "delete").await?;
+    let dir = tempfile::tempdir()?;
+    let mut copies: Vec<Copy> = (0..2)
+        .map(|slot| Copy {
+            slot,
+            state_dir: dir.path().join(format!("copy-{slot}")),
+            log: dir.path().join(format!("copy-{slot}.log")),
+            child: None,
+            starts: 0,
+        })
+        .collect();
+    let mut truth = BTreeMap::new();
+    run.spawn(&mut copies[0])?;
+    produce_counted(&servers, &run.input, 1_200, &mut truth)?;
+    wait_for_counts(&servers, &run.output, &truth, &copies)?;
+
+    // More input, processed into the zombie's open transaction; then it is paused.
+    let zombie_pid = copies[0].child.as_ref().context("copy 0")?.id().to_string();
+    let mut paused = false;
+    for _ in 0..10 {
+        produce_counted(&servers, &run.input, 600, &mut truth)?;
+        std::thread::sleep(Duration::from_millis(500));
+        if has_open_transaction(&servers, &run.output)? {
+            Command::new("kill").args(["-STOP", &zombie_pid]).status()?;
+            // Still open at the moment it stopped (it did not commit in between)?
+            paused = has_open_transaction(&servers, &run.output)?;
+            if paused {
+                break;
+            }
+            Command::new("kill").args(["-CONT", &zombie_pid]).status()?;
+        }
+    }
+    anyhow::ensure!(paused, "could not pause copy 0 inside an open transaction");
+
+    // Its partitions move to a second copy after the session timeout; the paused transaction
+    // is aborted by the broker after the transaction timeout, and the second copy restores and
+    // goes on.
+    run.spawn(&mut copies[1])?;
+    produce_counted(&servers, &run.input, 600, &mut truth)?;
+    wait_for_counts(&servers, &run.output, &truth, &copies)?;
+
+    // The zombie resumes: its commit must fail and nothing of it may become visible.
+    Command::new("kill").args(["-CONT", &zombie_pid]).status()?;
+    std::thread::sleep(Duration::from_secs(8));
+    produce_counted(&servers, &run.input, 600, &mut truth)?;
+    wait_for_counts(&servers, &run.output, &truth, &copies)?;
+    for copy in &mut copies {
+        if let Some(mut child) = copy.child.take() {
+            Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()?;
+            let status = child.wait()?;
+            eprintln!("copy {} ended: {status}", copy.slot);
+        }
+    }
+    let zombie_log = std::fs::read_to_string(&copies[0].log)?;
+    eprintln!("--- the zombie's log ---\n{zombie_log}");
+
+    if let Err(e) = check_exact_sequences(&servers, &run.output, &truth) {
+        panic!("{e}\n{}", logs(&copies));
+    }
+    // Every store the zombie left holds exactly its committed changelog up to its stored
+    // offset: nothing of the paused transaction reached RocksDB.
+    let changelog = format!("{}-counts-changelog", run.app_id);
+    let mut checked = 0;
+    for p in 0..PARTITIONS {
+        let path = copies[0]
+            .state_dir
+            .join(&run.app_id)
+            .join(p.to_string())
+            .join("counts");
+        if !path.exists() {
+            continue;
+        }
+        let raw = RocksDbStore::open(&path, &RocksDbOptions::default())?;
+        let Some(position) = ChangelogPosition::read(&raw)? else {
+            continue;
+        };
+        let folded = common::fold_changelog_at(&servers, &changelog, p, position.offset + 1)?;
+        let held = common::contents(&raw)?;
+        assert!(
+            held == folded,
+            "the zombie's store of task {p} ({} keys) is not its committed changelog up to \
+             offset {} ({} keys)",
+            held.len(),
+            position.offset,
+            folded.len()
+        );
+        checked += 1;
+    }
+    assert!(checked > 0, "the zombie left no store to check");
+    Ok(())
 }
