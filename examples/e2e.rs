@@ -8,7 +8,7 @@
 //!              [--guarantee at-least-once|exactly-once]
 //! e2e pipe     --input T --output T --application-id A --rows N
 //! e2e measure  --output T --partitions P --rows N --expect records|counts [--json PATH]
-//! e2e wait     --output T --records N [--timeout-s S]
+//! e2e wait     --output T --records N [--group G --input T] [--timeout-s S]
 //! e2e failover --input T --output T --kill PID [--timeout-s S] [--json PATH]
 //! ```
 //!
@@ -37,13 +37,22 @@
 //!   and is done with a partition when the consumer's position reaches the high watermark the
 //!   partition had at the start: on a transactional topic the commit markers take offsets, so
 //!   the last record's offset + 1 is below it.
-//! - `wait` returns once the output topic holds N records (everything processed).
+//! - `wait` returns once the output topic holds N records (everything processed): the sum of
+//!   its partitions' high - low watermarks, which on a transactional (exactly-once) output also
+//!   counts the commit markers and so comes too early there. With `--group G --input T` it also
+//!   waits until consumer group G's committed offsets reach T's end offsets on every partition:
+//!   under exactly-once, until every input record was processed in a committed transaction
+//!   (both systems commit their input offsets in the transaction, to the group named by the
+//!   application id).
 //! - `failover` SIGKILLs process PID (one copy of an application that has processed its input),
 //!   then writes one marker record to every input partition and waits until each partition's
-//!   marker has its output. It prints each partition's milliseconds from the kill to the marker
-//!   output's append time, and `failover seconds=<s>` for the slowest: the time until the
-//!   survivor has processed a record of every partition that moved to it, group detection and
-//!   restore included.
+//!   marker has its output. It reads the output with `isolation.level=read_committed`, so an
+//!   exactly-once marker output counts once its transaction committed (an aborted one never).
+//!   It prints each partition's milliseconds from the kill to the marker output's append time
+//!   (`ms`, the clock), and to when the reader got it (`visible_ms`: under exactly-once also the
+//!   wait for the commit), and `failover seconds=<s>` for the slowest append: the time until the
+//!   survivor (or the restarted copy) has processed a record of every partition that moved to
+//!   it, group detection and restore included.
 //!
 //! Needs `--bootstrap-servers` or `KAFKA_BOOTSTRAP_SERVERS`.
 
@@ -396,7 +405,8 @@ fn measure(servers: &str, flags: &Flags) -> Result<()> {
     Ok(())
 }
 
-/// Waits until the output topic holds `--records` records.
+/// Waits until the output topic holds `--records` records and, with `--group`, until that
+/// group's committed offsets reach `--input`'s end offsets.
 fn wait(servers: &str, flags: &Flags) -> Result<()> {
     let output = flags.get("output")?;
     let records: i64 = flags.number("records", None)?;
@@ -404,26 +414,82 @@ fn wait(servers: &str, flags: &Flags) -> Result<()> {
     let partitions = partition_count(servers, &output)?;
     ensure!(partitions > 0, "{output} does not exist");
     let consumer = reader(servers)?;
+    // The group's committed offsets, read by a consumer that names the group but never joins it
+    // (no subscribe): OffsetFetch only.
+    let group = match flags.optional("group") {
+        Some(group) => {
+            let input = flags.get("input")?;
+            let input_partitions = partition_count(servers, &input)?;
+            ensure!(input_partitions > 0, "{input} does not exist");
+            let offsets: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", servers)
+                .set("group.id", group)
+                .set("enable.auto.commit", "false")
+                .create()?;
+            Some((group.to_string(), input, input_partitions, offsets))
+        }
+        None => None,
+    };
     let started = Instant::now();
+    let mut held_at = None;
     loop {
         let mut held = 0;
         for p in 0..partitions {
             let (low, high) = consumer.fetch_watermarks(&output, p, Duration::from_secs(30))?;
             held += high - low;
         }
-        if held >= records {
+        if held >= records && held_at.is_none() {
+            held_at = Some(started.elapsed());
             eprintln!(
                 "e2e wait: {output} holds {held} records after {:.1} s",
                 started.elapsed().as_secs_f64()
             );
+        }
+        let behind = match (&group, held_at) {
+            (Some((group, input, input_partitions, offsets)), Some(_)) => {
+                let behind = committed_behind(offsets, input, *input_partitions)?;
+                if behind == 0 {
+                    eprintln!(
+                        "e2e wait: group {group} committed the end of {input} after {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                behind
+            }
+            _ => 0,
+        };
+        if held_at.is_some() && behind == 0 {
             return Ok(());
         }
         ensure!(
             started.elapsed() < timeout,
-            "{output} holds {held} of {records} records after {timeout:?}"
+            "after {timeout:?}: {output} holds {held} of {records} records; {behind} input \
+             records not committed by the group"
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// How many of `input`'s records lie beyond the committed offsets of the group `consumer`
+/// names (its `group.id`); a partition with no committed offset counts in full.
+fn committed_behind(consumer: &BaseConsumer, input: &str, partitions: i32) -> Result<i64> {
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for p in 0..partitions {
+        let (_, high) = consumer.fetch_watermarks(input, p, Duration::from_secs(30))?;
+        ends.insert(p, high);
+        tpl.add_partition(input, p);
+    }
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(30))?;
+    let mut behind = 0;
+    for (p, end) in ends {
+        let at = match committed.find_partition(input, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => o,
+            _ => 0,
+        };
+        behind += (end - at).max(0);
+    }
+    Ok(behind)
 }
 
 /// Markers' keys start with this; no input record's does (setup's keys start with an 8-byte
@@ -458,6 +524,8 @@ struct FailoverResult {
     killed_pid: u32,
     /// Per input partition: ms from the SIGKILL to the append of its marker's output.
     partition_ms: BTreeMap<i32, i64>,
+    /// Per input partition: ms from the SIGKILL until the (read_committed) reader got it.
+    visible_ms: BTreeMap<i32, i64>,
     seconds: f64,
 }
 
@@ -498,7 +566,7 @@ fn failover(servers: &str, flags: &Flags) -> Result<()> {
         .context("markers")?;
     consumer.assign(&tpl)?;
     let started = Instant::now();
-    let mut partition_ms = BTreeMap::new();
+    let (mut partition_ms, mut visible_ms) = (BTreeMap::new(), BTreeMap::new());
     while partition_ms.len() < partitions as usize {
         ensure!(
             started.elapsed() < timeout,
@@ -509,15 +577,21 @@ fn failover(servers: &str, flags: &Flags) -> Result<()> {
             continue;
         };
         let m = message?;
-        if m.key() == Some(&markers[m.partition() as usize][..]) {
-            partition_ms
-                .entry(m.partition())
-                .or_insert(append_time(&m)? - killed_at);
+        if m.key() == Some(&markers[m.partition() as usize][..])
+            && !partition_ms.contains_key(&m.partition())
+        {
+            let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+            partition_ms.insert(m.partition(), append_time(&m)? - killed_at);
+            visible_ms.insert(m.partition(), now - killed_at);
         }
     }
     let slowest = partition_ms.values().copied().max().unwrap_or_default();
+    let slowest_visible = visible_ms.values().copied().max().unwrap_or_default();
     for (p, ms) in &partition_ms {
-        println!("failover partition={p} ms={ms}");
+        println!(
+            "failover partition={p} ms={ms} visible_ms={}",
+            visible_ms[p]
+        );
     }
     let result = FailoverResult {
         input,
@@ -525,10 +599,12 @@ fn failover(servers: &str, flags: &Flags) -> Result<()> {
         killed_pid: pid,
         seconds: slowest as f64 / 1e3,
         partition_ms,
+        visible_ms,
     };
     println!(
-        "failover seconds={:.3} partitions={partitions} killed_at_ms={killed_at}",
-        result.seconds
+        "failover seconds={:.3} partitions={partitions} killed_at_ms={killed_at} visible_s={:.3}",
+        result.seconds,
+        slowest_visible as f64 / 1e3
     );
     if let Some(path) = flags.optional("json") {
         write_json(path.as_ref(), &result)?;

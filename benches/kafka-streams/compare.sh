@@ -17,7 +17,12 @@
 #   5. the failover (failover.sh, whose header says how): two copies of each system's count-by-key
 #      application, one SIGKILLed with about 1 GB of state; seconds until the survivor has
 #      processed a record of every partition that moved to it;
-#   6. the last lines compare the rates:
+#   6. the recovery under exactly-once (failover.sh with FAILOVER_MODE=restart): one copy of each
+#      system's count-by-key application, exactly-once, static group membership, SIGKILLed with
+#      all the state (about 2 GB) and restarted at once on the same state dir; seconds until it
+#      has processed a record of every partition again (Kafka Streams under exactly_once_v2
+#      wipes and restores its stores in full, kstate replays the changelog's tail);
+#   7. the last lines compare the rates:
 #        restore kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        puts kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-alos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
@@ -26,6 +31,7 @@
 #        e2e-eos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-eos-overhead kstate-alos=<r>/s kstate-eos=<r>/s eos/alos=<kstate-eos/kstate-alos>
 #        failover kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
+#        recovery-eos kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
 #      (e2e-eos-overhead: kstate's exactly-once rate against its at-least-once, caching off, rate
 #      of the same run, i.e. e2e-alos's kstate number).
 #
@@ -39,12 +45,15 @@
 #   E2E_ROWS                 records of the end-to-end runs (default: ROWS)
 #   E2E_PARTITIONS           the end-to-end input's partitions (default 4)
 #   ONLY=e2e | ONLY=failover run only the end-to-end part (4.) or only the failover (5.);
+#   ONLY=recovery            only the exactly-once recovery (6.): prints recovery-eos only
 #   ONLY=eos                 only the exactly-once end-to-end pair and kstate's at-least-once
 #                            run (caching off) for the overhead line: prints e2e-eos and
 #                            e2e-eos-overhead only
 #                            (default ONLY=all: everything)
 #   FAILOVER_*, SESSION_TIMEOUT_MS, HEARTBEAT_MS
-#                            the failover's settings (see failover.sh)
+#                            the failover's and the recovery's settings (see failover.sh;
+#                            FAILOVER_MODE is set by this script: takeover for 5., restart
+#                            for 6.)
 #   KSTATE_E2E               kstate's e2e example binary (default next to rows_per_second)
 #   KEEP_TOPICS=1            keep the topics (and consumer groups) instead of deleting them
 #   LOG_DIR                  where the raw outputs go (default: a new temp dir, kept)
@@ -100,8 +109,8 @@ field() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 rate() { awk -v n="$1" -v ms="$2" 'BEGIN { printf "%.0f", n / (ms / 1000) }'; }
 
-[[ $ONLY == all || $ONLY == e2e || $ONLY == eos || $ONLY == failover ]] ||
-    die "ONLY=$ONLY: all, e2e, eos or failover"
+[[ $ONLY == all || $ONLY == e2e || $ONLY == eos || $ONLY == failover || $ONLY == recovery ]] ||
+    die "ONLY=$ONLY: all, e2e, eos, failover or recovery"
 if [[ $ONLY == all ]]; then
 # ------------------------------------------------------------------ a. kstate
 
@@ -148,7 +157,7 @@ touch_lease
 
 fi
 
-if [[ $ONLY != failover ]]; then
+if [[ $ONLY != failover && $ONLY != recovery ]]; then
 # ------------------------------------------------------------------ d. end to end
 
 e2e() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$E2E_BIN" "$@"; }
@@ -222,13 +231,25 @@ failover_line=
 if [[ $ONLY == all || $ONLY == failover ]]; then
     log "e. failover (failover.sh; logs in $LOG_DIR/failover)"
     KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/failover \
-        "$HERE/failover.sh" | tee "$LOG_DIR/failover.out"
+        FAILOVER_MODE=takeover "$HERE/failover.sh" | tee "$LOG_DIR/failover.out"
     failover_line=$(grep '^failover kafka-streams=' "$LOG_DIR/failover.out" | tail -n 1)
     [[ -n $failover_line ]] || die "failover.sh printed no result line"
     touch_lease
 fi
 
-# ------------------------------------------------------------------ f. the comparison
+# ------------------------------------------------------------------ f. the recovery, exactly-once
+
+recovery_line=
+if [[ $ONLY == all || $ONLY == recovery ]]; then
+    log "f. recovery under exactly-once (failover.sh, FAILOVER_MODE=restart; logs in $LOG_DIR/recovery)"
+    KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/recovery \
+        FAILOVER_MODE=restart "$HERE/failover.sh" | tee "$LOG_DIR/recovery.out"
+    recovery_line=$(grep '^recovery-eos kafka-streams=' "$LOG_DIR/recovery.out" | tail -n 1)
+    [[ -n $recovery_line ]] || die "failover.sh (restart) printed no result line"
+    touch_lease
+fi
+
+# ------------------------------------------------------------------ g. the comparison
 
 echo
 if [[ $ONLY == all && -n $ks_acked ]]; then
@@ -247,10 +268,13 @@ if [[ $ONLY == all || $ONLY == e2e ]]; then
     echo "e2e-alos-cached kafka-streams=$e2e_ks_cached/s kstate=$e2e_kstate_cached/s ratio=$(ratio "$e2e_kstate_cached" "$e2e_ks_cached")"
     echo "e2e-pipe rdkafka=$e2e_pipe/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_pipe")"
 fi
-if [[ $ONLY != failover ]]; then
+if [[ $ONLY != failover && $ONLY != recovery ]]; then
     echo "e2e-eos kafka-streams=$e2e_ks_eos/s kstate=$e2e_kstate_eos/s ratio=$(ratio "$e2e_kstate_eos" "$e2e_ks_eos")"
     echo "e2e-eos-overhead kstate-alos=$e2e_kstate/s kstate-eos=$e2e_kstate_eos/s eos/alos=$(ratio "$e2e_kstate_eos" "$e2e_kstate")"
 fi
 if [[ -n $failover_line ]]; then
     echo "$failover_line"
+fi
+if [[ -n $recovery_line ]]; then
+    echo "$recovery_line"
 fi

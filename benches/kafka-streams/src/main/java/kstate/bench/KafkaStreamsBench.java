@@ -25,6 +25,7 @@ import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
@@ -98,7 +99,8 @@ public final class KafkaStreamsBench {
                         + "  e2e --bootstrap B --application-id APP --input TOPIC --output TOPIC --rows N"
                         + " [--caching on|off] [--guarantee at-least-once|exactly-once]\n"
                         + "  serve --bootstrap B --application-id APP --input TOPIC --output TOPIC --state-dir DIR"
-                        + " [--session-timeout-ms N] [--heartbeat-interval-ms N]");
+                        + " [--session-timeout-ms N] [--heartbeat-interval-ms N]"
+                        + " [--guarantee at-least-once|exactly-once] [--group-instance-id NAME]");
     }
 
     private static Map<String, String> parse(String[] argv) {
@@ -322,12 +324,7 @@ public final class KafkaStreamsBench {
         String output = required(opts, "output");
         long rows = number(opts, "rows", 0);
         boolean caching = opts.getOrDefault("caching", "off").equals("on");
-        String guarantee = switch (opts.getOrDefault("guarantee", "at-least-once")) {
-            case "at-least-once" -> StreamsConfig.AT_LEAST_ONCE;
-            case "exactly-once" -> StreamsConfig.EXACTLY_ONCE_V2;
-            default -> throw new IllegalArgumentException(
-                    "--guarantee must be at-least-once or exactly-once, not " + opts.get("guarantee"));
-        };
+        String guarantee = guarantee(opts);
         boolean exactlyOnce = guarantee.equals(StreamsConfig.EXACTLY_ONCE_V2);
         Path stateDir = Files.createTempDirectory("kstate-ks-e2e-");
         AtomicLong seen = new AtomicLong();
@@ -363,6 +360,19 @@ public final class KafkaStreamsBench {
             closeAndClean(streams, stateDir);
         }
         return rc;
+    }
+
+    /**
+     * {@code --guarantee at-least-once|exactly-once} (default at-least-once) as Kafka Streams'
+     * processing.guarantee: at_least_once or exactly_once_v2.
+     */
+    private static String guarantee(Map<String, String> opts) {
+        return switch (opts.getOrDefault("guarantee", "at-least-once")) {
+            case "at-least-once" -> StreamsConfig.AT_LEAST_ONCE;
+            case "exactly-once" -> StreamsConfig.EXACTLY_ONCE_V2;
+            default -> throw new IllegalArgumentException(
+                    "--guarantee must be at-least-once or exactly-once, not " + opts.get("guarantee"));
+        };
     }
 
     /**
@@ -429,6 +439,14 @@ public final class KafkaStreamsBench {
      * session.timeout.ms and heartbeat.interval.ms as given (the same values kstate's copies get),
      * running until killed or SIGTERM. Prints a line when a restore starts and ends, with the
      * wall-clock time in ms, so the failover's seconds can be split into detection and restore.
+     *
+     * <p>{@code --guarantee exactly-once} sets processing.guarantee=exactly_once_v2 (default
+     * at-least-once). {@code --group-instance-id NAME} makes the copy a static member of the group
+     * (group.instance.id, which Kafka Streams suffixes with "-THREAD" for each stream thread's
+     * consumer: NAME-1 here): a copy restarted with the same name takes its old member's place and
+     * partitions at once instead of waiting for the old session to expire. Under exactly_once_v2
+     * the transactional id is APP-PROCESS_ID-THREAD, and the process id is kept in the state
+     * dir, so a restart with the same --state-dir also fences its previous incarnation's producer.
      */
     private static int serve(Map<String, String> opts) throws Exception {
         String bootstrap = required(opts, "bootstrap");
@@ -443,6 +461,12 @@ public final class KafkaStreamsBench {
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0L);
         props.put(StreamsConfig.consumerPrefix("session.timeout.ms"), (int) number(opts, "session-timeout-ms", 45000));
         props.put(StreamsConfig.consumerPrefix("heartbeat.interval.ms"), (int) number(opts, "heartbeat-interval-ms", 3000));
+        String guarantee = guarantee(opts);
+        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, guarantee);
+        String instance = opts.get("group-instance-id");
+        if (instance != null) {
+            props.put(StreamsConfig.mainConsumerPrefix(ConsumerConfig.GROUP_INSTANCE_ID_CONFIG), instance);
+        }
         KafkaStreams streams = new KafkaStreams(topology, props);
         AtomicReference<Throwable> failure = watch(streams);
         streams.setGlobalStateRestoreListener(new StateRestoreListener() {
@@ -467,7 +491,8 @@ public final class KafkaStreamsBench {
             stopped.countDown();
         }));
         streams.start();
-        System.err.println("kafka-streams serve: " + app + " running");
+        System.err.println("kafka-streams serve: " + app + " running (" + guarantee
+                + (instance != null ? ", group.instance.id " + instance + "-THREAD" : "") + ")");
         while (!stopped.await(1, TimeUnit.SECONDS)) {
             if (failure.get() != null) {
                 System.err.println("kafka-streams serve: failed: " + failure.get());
