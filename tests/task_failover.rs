@@ -537,8 +537,12 @@ fn has_open_transaction(servers: &str, topic: &str) -> anyhow::Result<bool> {
     };
     let (uncommitted, committed) = (client("read_uncommitted")?, client("read_committed")?);
     for p in 0..PARTITIONS {
-        let high = uncommitted.fetch_watermarks(topic, p, Duration::from_secs(10))?.1;
-        let stable = committed.fetch_watermarks(topic, p, Duration::from_secs(10))?.1;
+        let high = uncommitted
+            .fetch_watermarks(topic, p, Duration::from_secs(10))?
+            .1;
+        let stable = committed
+            .fetch_watermarks(topic, p, Duration::from_secs(10))?
+            .1;
         if stable < high {
             return Ok(true);
         }
@@ -601,22 +605,34 @@ async fn a_paused_copy_that_lost_its_partitions_makes_nothing_visible() -> anyho
     produce_counted(&servers, &run.input, 600, &mut truth)?;
     wait_for_counts(&servers, &run.output, &truth, &copies)?;
 
-    // The zombie resumes: its commit must fail and nothing of it may become visible.
+    // The zombie resumes: its commit must fail and nothing of it may become visible. It drops
+    // its tasks and rejoins, and gets some partitions back (restored from their changelogs).
+    let restores_before = restore_lines(&copies[0].log)?.len();
     Command::new("kill").args(["-CONT", &zombie_pid]).status()?;
     std::thread::sleep(Duration::from_secs(8));
     produce_counted(&servers, &run.input, 600, &mut truth)?;
     wait_for_counts(&servers, &run.output, &truth, &copies)?;
+    let mut exits = Vec::new();
     for copy in &mut copies {
         if let Some(mut child) = copy.child.take() {
             Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
                 .status()?;
-            let status = child.wait()?;
-            eprintln!("copy {} ended: {status}", copy.slot);
+            exits.push((copy.slot, child.wait()?));
         }
     }
-    let zombie_log = std::fs::read_to_string(&copies[0].log)?;
-    eprintln!("--- the zombie's log ---\n{zombie_log}");
+    for (slot, status) in exits {
+        assert!(
+            status.success(),
+            "copy {slot} exited {status} on SIGTERM\n{}",
+            logs(&copies)
+        );
+    }
+    assert!(
+        restore_lines(&copies[0].log)?.len() > restores_before,
+        "the zombie did not rejoin and restore after it was fenced\n{}",
+        logs(&copies)
+    );
 
     if let Err(e) = check_exact_sequences(&servers, &run.output, &truth) {
         panic!("{e}\n{}", logs(&copies));

@@ -135,6 +135,40 @@ fn a_commit_applies_the_overlay_and_an_abort_drops_it() -> Result<()> {
 }
 
 #[test]
+fn a_full_overlay_asks_for_a_commit_and_applies_nothing_itself() -> Result<()> {
+    let topic = kstate_test_broker::unique_topic("txn-full-overlay");
+    let dir = tempfile::tempdir()?;
+    let config = common::changelog(&topic)?.overlay_bounds(1 << 20, 10);
+    let producer =
+        SharedProducer::transactional(&config, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
+    let restored = RestoredStore::restore(
+        dir.path().join("s"),
+        &RocksDbOptions::default(),
+        config,
+        &OpenHooks::default(),
+    )?;
+    let store = LoggedStore::attach(restored, &producer)?;
+    for i in 0..25u32 {
+        store.put(&i.to_be_bytes(), b"v")?;
+    }
+    ensure!(
+        producer.commit_requested(),
+        "25 writes over a bound of 10 did not ask for a commit"
+    );
+    ensure!(
+        store.committed_position()?.is_none(),
+        "a full overlay was applied to RocksDB under a transaction"
+    );
+    producer.commit_transaction(None, TIMEOUT)?;
+    ensure!(
+        !producer.commit_requested(),
+        "the request outlived the commit"
+    );
+    ensure!(stored(&store)? == 24, "stored offset {}", stored(&store)?);
+    Ok(())
+}
+
+#[test]
 fn a_fenced_producer_applies_nothing() -> Result<()> {
     let topic = kstate_test_broker::unique_topic("txn-fenced");
     let dir = tempfile::tempdir()?;

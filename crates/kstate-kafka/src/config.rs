@@ -121,7 +121,9 @@ impl ChangelogConfig {
     }
 
     /// Bounds of the uncommitted overlay; reaching either commits early (defaults 64 MiB and
-    /// 100,000 records).
+    /// 100,000 records). Under a transaction, reaching one asks the producer's owner to commit
+    /// ([`SharedProducer::commit_requested`](crate::SharedProducer::commit_requested)): nothing
+    /// is applied before the transaction commits.
     pub fn overlay_bounds(mut self, max_bytes: usize, max_records: usize) -> Self {
         self.overlay_max_bytes = max_bytes.max(1);
         self.overlay_max_records = max_records.max(1);

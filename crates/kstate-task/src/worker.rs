@@ -28,8 +28,12 @@
 //! - **Revoked**: the transaction commits (it carries every task's records), then the revoked
 //!   tasks close. **Lost**: it aborts (nothing of a task that is no longer ours may become
 //!   visible); the tasks are dropped.
-//! - Fatal (fenced, or a store that cannot apply a commit): the worker fails without applying
-//!   anything, and with it the application; a restart restores the committed tail.
+//! - Fenced (the broker aborted our transaction and bumped the producer's epoch, as when a
+//!   paused process lost its partitions): the worker drops every task without applying anything,
+//!   makes a new producer and rejoins the group; the tasks it gets restore their committed tails.
+//!   Fenced three times within five minutes (something else holds our transactional id), or a
+//!   store that cannot apply a committed transaction: the worker fails, and with it the
+//!   application.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, Sender};
@@ -49,6 +53,10 @@ use crate::processor::{Record, TaskId};
 use crate::restorer::{Done, Job};
 use crate::status::{Progress, lock};
 use crate::task::Task;
+
+/// A worker fenced this many times within [`FENCING_WINDOW`] fails instead of rejoining.
+const MAX_FENCINGS: usize = 3;
+const FENCING_WINDOW: Duration = Duration::from_secs(300);
 
 /// A record fetched for a task that is still restoring.
 struct Buffered {
@@ -76,6 +84,13 @@ pub(crate) struct Core {
     next_job: u64,
     /// The first failure: the worker stops on it.
     failed: Option<TaskError>,
+    /// Exactly-once: the producer was fenced (the broker aborted our transaction and another
+    /// member owns our partitions, as after a long pause). The tasks are dropped without
+    /// applying anything, and the worker rejoins with a new producer.
+    fenced: Option<TaskError>,
+    /// When the last fencings happened: one after another means something else holds our
+    /// transactional id, and the worker fails instead of fighting it.
+    fencings: Vec<Instant>,
 }
 
 pub(crate) struct WorkerContext {
@@ -149,6 +164,24 @@ impl Core {
     }
 
     fn fail(&mut self, error: TaskError) {
+        if let TaskError::Transaction { source, .. } = &error
+            && matches!(**source, kstate_kafka::TransactionError::Fatal { .. })
+            && self.failed.is_none()
+        {
+            let now = Instant::now();
+            self.fencings
+                .retain(|t| now.duration_since(*t) < FENCING_WINDOW);
+            if self.fencings.len() < MAX_FENCINGS {
+                tracing::warn!(worker = self.index, error = %error, "producer fenced: dropping the tasks without applying anything and rejoining");
+                self.fencings.push(now);
+                self.fenced.get_or_insert(error);
+                return;
+            }
+            tracing::error!(
+                worker = self.index,
+                "fenced {MAX_FENCINGS} times within {FENCING_WINDOW:?}: does another process run with this instance id?"
+            );
+        }
         tracing::error!(worker = self.index, error = %error, "worker failed");
         if self.failed.is_none() {
             self.failed = Some(error);
@@ -276,6 +309,41 @@ impl Core {
 
     fn exactly_once(&self) -> bool {
         self.app.config.guarantee == ProcessingGuarantee::ExactlyOnce
+    }
+
+    /// After the producer was fenced: every task and restore is dropped without applying
+    /// anything (the fenced transaction's overlays die with the stores), and a new producer
+    /// fences the old one for good.
+    fn drop_fenced_tasks(&mut self) {
+        for (p, restoring) in std::mem::take(&mut self.restoring) {
+            restoring.cancel.cancel();
+            self.app.registry.remove(p);
+        }
+        for p in std::mem::take(&mut self.tasks).into_keys() {
+            self.app.registry.remove(p);
+        }
+        let config = &self.app.config;
+        let client = config.changelog("outputs", 0, self.app.partitions);
+        match SharedProducer::transactional(
+            &client,
+            config.transactional_id(self.index),
+            config.transaction_timeout,
+        ) {
+            Ok(producer) => {
+                self.producer = producer;
+                self.fenced = None;
+                metrics::counter!("kstate_task_fenced").increment(1);
+            }
+            Err(source) => {
+                let fenced = self.fenced.take();
+                tracing::warn!(
+                    worker = self.index,
+                    ?fenced,
+                    "no new producer after being fenced"
+                );
+                self.failed.get_or_insert(TaskError::changelog(-1, source));
+            }
+        }
     }
 
     /// [`revoke`](Self::revoke) under exactly-once: the open transaction carries every task's
@@ -666,6 +734,8 @@ pub(crate) fn run(
         jobs,
         next_job: 0,
         failed: None,
+        fenced: None,
+        fencings: Vec::new(),
     }));
     let consumer: WorkerConsumer = crate::app::consumer_config(config)
         .create_with_context(WorkerContext { core: core.clone() })
@@ -745,6 +815,21 @@ pub(crate) fn run(
         }
         if core.failed.is_some() {
             break;
+        }
+        if core.fenced.is_some() {
+            // Rejoining: a new assignment fetches the committed offsets, and each task restores
+            // the committed tail of its stores.
+            core.drop_fenced_tasks();
+            drop(core);
+            consumer.unsubscribe();
+            consumer
+                .subscribe(&topics)
+                .map_err(|source| TaskError::Kafka {
+                    operation: "subscribe again after being fenced",
+                    topic: config.inputs.join(","),
+                    partition: -1,
+                    source,
+                })?;
         }
     }
 
