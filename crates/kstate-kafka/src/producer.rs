@@ -484,9 +484,11 @@ impl SharedProducer {
                 client.set("enable.gapless.guarantee", "true");
             }
             // A record that fails fails its transaction, which aborts: nothing after it is
-            // committed either. librdkafka wants records to time out before their transaction.
+            // committed either. A record must time out before its transaction does (librdkafka
+            // refuses a longer `message.timeout.ms`), so that the failure is ours to see and
+            // abort on, not the broker's timeout abort: at most 90% of the transaction timeout.
             Some(transaction) => {
-                delivery_timeout = delivery_timeout.min(transaction.timeout);
+                delivery_timeout = delivery_timeout.min(transaction.timeout * 9 / 10);
                 client.set("transactional.id", &transaction.id).set(
                     "transaction.timeout.ms",
                     transaction.timeout.as_millis().to_string(),

@@ -112,7 +112,7 @@ impl SharedProducer {
     /// output, is part of it until [`commit_transaction`](Self::commit_transaction) or
     /// [`abort_transaction`](Self::abort_transaction), which open the next one.
     ///
-    /// Records time out no later than the transaction (`message.timeout.ms` is at most
+    /// Records time out before the transaction does (`message.timeout.ms` is at most 90% of
     /// `transaction_timeout`).
     pub fn transactional(
         config: &ChangelogConfig,
@@ -179,9 +179,9 @@ impl SharedProducer {
             .collect()
     }
 
-    /// Commits the open transaction: waits until the broker acknowledged every record, adds
-    /// `offsets` (the next input offsets to read, with the consumer's current group metadata)
-    /// to it, commits it, and then writes each attached store's overlay with its last offset
+    /// Commits the open transaction: adds `offsets` (the next input offsets to read, with the
+    /// consumer's current group metadata) to it, waits until the broker acknowledged every
+    /// record, commits it, and then writes each attached store's overlay with its last offset
     /// into RocksDB. Opens the next transaction. Writes of the attached stores wait meanwhile.
     ///
     /// On an abortable error the transaction is aborted instead, every overlay dropped, and
@@ -235,6 +235,13 @@ impl SharedProducer {
         offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
         deadline: Instant,
     ) -> Result<(), Failure> {
+        // The offsets first: their two round trips to the group coordinator overlap the last
+        // acknowledgements, which arrive meanwhile on the producer's own thread.
+        if let Some((offsets, group)) = offsets {
+            self.retry(transaction, "send offsets", deadline, |left| {
+                self.inner.send_offsets_to_transaction(offsets, group, left)
+            })?;
+        }
         for member in members {
             if let Err(reason) = member.settle(deadline) {
                 let why = format!("store {}: {reason}", member.member_name());
@@ -253,11 +260,6 @@ impl SharedProducer {
             }
         }
         self.settle_outputs(deadline).map_err(Failure::Abort)?;
-        if let Some((offsets, group)) = offsets {
-            self.retry(transaction, "send offsets", deadline, |left| {
-                self.inner.send_offsets_to_transaction(offsets, group, left)
-            })?;
-        }
         self.retry(transaction, "commit", deadline, |left| {
             self.inner.commit_transaction(left)
         })?;

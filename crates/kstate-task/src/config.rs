@@ -240,7 +240,7 @@ impl AppBuilder {
     /// Exactly-once: how long the broker lets a transaction stay open before aborting it
     /// (`transaction.timeout.ms`). Default 10 s (Kafka Streams' default under exactly-once): a
     /// crashed worker's open transaction holds back its partitions' next owner at most this
-    /// long. Records time out no later.
+    /// long. Records time out before it (at 90%).
     pub fn transaction_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.config.transaction_timeout = timeout;
         self
