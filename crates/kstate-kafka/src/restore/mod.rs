@@ -218,6 +218,14 @@ impl RestoredStore {
     pub fn report(&self) -> &RestoreReport {
         &self.restored.report
     }
+
+    /// Closes the restored store without attaching it (a restore as an operator's step, e.g.
+    /// `kstate restore`): its position and data are flushed, and the directory's lock is
+    /// released. Returns what the restore did.
+    pub fn close(self) -> Result<RestoreReport, ChangelogError> {
+        self.restored.store.close()?;
+        Ok(self.restored.report)
+    }
 }
 
 /// Restores the store at `path`, then keeps applying the changelog's new records as they arrive

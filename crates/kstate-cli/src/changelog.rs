@@ -1,0 +1,149 @@
+//! The Kafka side: connection flags shared by every subcommand that talks to a broker, the
+//! changelog's watermarks, and the changelog folded up to an offset (what a store at that offset
+//! must hold).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use kstate_kafka::ChangelogConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+/// How to reach the cluster.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct KafkaArgs {
+    /// The brokers (host:port,...).
+    #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS", value_name = "HOST:PORT")]
+    pub(crate) bootstrap_servers: Option<String>,
+    /// A librdkafka property for every client, e.g. `security.protocol=SSL` (repeatable).
+    #[arg(long = "client-property", value_name = "KEY=VALUE", value_parser = parse_property)]
+    pub(crate) client_properties: Vec<(String, String)>,
+}
+
+fn parse_property(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
+    }
+}
+
+/// How long a broker may take to answer a metadata or offsets query.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl KafkaArgs {
+    pub(crate) fn servers(&self) -> Result<&str> {
+        self.bootstrap_servers.as_deref().context(
+            "this subcommand talks to Kafka: give --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS",
+        )
+    }
+
+    /// A changelog config for `topic`/`partition` with these connection settings.
+    pub(crate) fn changelog(&self, topic: &str, partition: i32) -> Result<ChangelogConfig> {
+        let mut config = ChangelogConfig::new(self.servers()?, topic, partition);
+        for (key, value) in &self.client_properties {
+            config = config.client_property(key.clone(), value.clone());
+        }
+        Ok(config)
+    }
+
+    fn consumer(&self, isolation: &str) -> Result<BaseConsumer> {
+        let mut client = ClientConfig::new();
+        client.set("bootstrap.servers", self.servers()?);
+        for (key, value) in &self.client_properties {
+            client.set(key, value);
+        }
+        client
+            .set("group.id", "kstate-cli")
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .set("isolation.level", isolation);
+        client.create().context("creating a Kafka client")
+    }
+
+    /// The partition's low and high watermarks (the real end: read_uncommitted).
+    pub(crate) fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
+        self.consumer("read_uncommitted")?
+            .fetch_watermarks(topic, partition, QUERY_TIMEOUT)
+            .with_context(|| {
+                format!(
+                    "asking {} for the offsets of {topic}/{partition}",
+                    self.bootstrap_servers.as_deref().unwrap_or_default()
+                )
+            })
+    }
+
+    /// The changelog `topic`/`partition` folded up to `end` (exclusive), read_committed as
+    /// restore reads it: each key's last value, tombstones removing keys.
+    pub(crate) fn fold(
+        &self,
+        topic: &str,
+        partition: i32,
+        end: i64,
+    ) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+        let mut folded = BTreeMap::new();
+        let (low, high) = self.watermarks(topic, partition)?;
+        if end > high {
+            bail!(
+                "{topic}/{partition} ends at offset {high}, before the store's position {}: the \
+                 changelog lost records the store holds",
+                end - 1
+            );
+        }
+        if end <= low {
+            return Ok(folded);
+        }
+        let consumer = self.consumer("read_committed")?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(low))?;
+        consumer.assign(&tpl)?;
+        let bar = ProgressBar::new((end - low) as u64).with_style(bar_style("records read"));
+        let mut last_progress = (low, Instant::now());
+        loop {
+            let position = match consumer.position()?.find_partition(topic, partition) {
+                Some(p) => match p.offset() {
+                    Offset::Offset(o) => o,
+                    _ => low,
+                },
+                None => low,
+            };
+            bar.set_position((position - low) as u64);
+            if position >= end {
+                break;
+            }
+            if position != last_progress.0 {
+                last_progress = (position, Instant::now());
+            } else if last_progress.1.elapsed() > QUERY_TIMEOUT {
+                bail!(
+                    "reading {topic}/{partition} stalled at offset {position} (an open transaction?)"
+                );
+            }
+            for _ in 0..1024 {
+                match consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(m)) if m.offset() < end => {
+                        let key = m.key().unwrap_or_default().to_vec();
+                        match m.payload() {
+                            Some(value) => folded.insert(key, value.to_vec()),
+                            None => folded.remove(&key),
+                        };
+                    }
+                    Some(Ok(_)) | None => break,
+                    Some(Err(e)) => {
+                        return Err(e).with_context(|| format!("reading {topic}/{partition}"));
+                    }
+                }
+            }
+        }
+        bar.finish_and_clear();
+        Ok(folded)
+    }
+}
+
+/// The progress bar style of long reads: records, rate, ETA.
+pub(crate) fn bar_style(unit: &str) -> ProgressStyle {
+    ProgressStyle::with_template(&format!(
+        "{{bar:40}} {{pos}}/{{len}} {unit} ({{per_sec}}, {{msg}}ETA {{eta}})"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+}

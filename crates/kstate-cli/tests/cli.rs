@@ -1,0 +1,454 @@
+//! The `kstate` binary against a real broker and real store directories: every subcommand's
+//! output, `verify` failing on a tampered store and naming the key, `restore` then `verify`
+//! passing, `diff`, `reseed` after the changelog topic was deleted, `restore --follow` stopped by
+//! SIGTERM, a locked directory refused, and bad arguments refused with a clear message.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use kstate_core::KeyValueStore;
+use kstate_kafka::{ChangelogConfig, LoggedStore};
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use serde_json::Value;
+
+fn kstate(args: &[&str]) -> Result<Output> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_kstate"))
+        .args(args)
+        .env_remove("KAFKA_BOOTSTRAP_SERVERS")
+        .output()?)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `kstate` and checks its exit code; returns stdout.
+fn expect(code: i32, args: &[&str]) -> Result<String> {
+    let out = kstate(args)?;
+    ensure!(
+        out.status.code() == Some(code),
+        "kstate {args:?} exited {:?}, expected {code}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    Ok(text(&out.stdout))
+}
+
+fn config(servers: &str, topic: &str) -> ChangelogConfig {
+    ChangelogConfig::new(servers, topic, 0)
+        .partitions(1)
+        .open_timeout(Duration::from_secs(30))
+}
+
+/// A logged store at `dir` holding `key-0`..`key-99` = `value-i`, with `key-5` deleted,
+/// committed and closed. Returns its last changelog offset.
+fn make_store(dir: &Path, servers: &str, topic: &str) -> Result<i64> {
+    let store = LoggedStore::open(dir, &RocksDbOptions::default(), config(servers, topic))?;
+    for i in 0..100 {
+        store.put(
+            format!("key-{i}").as_bytes(),
+            format!("value-{i}").as_bytes(),
+        )?;
+    }
+    store.delete(b"key-5")?;
+    store.flush()?;
+    let offset = store.committed_position()?.context("no position")?.offset;
+    store.close()?;
+    Ok(offset)
+}
+
+/// Changes the store at `dir` behind its changelog's back.
+fn tamper(dir: &Path, f: impl FnOnce(&RocksDbStore) -> kstate_core::Result<()>) -> Result<()> {
+    let raw = RocksDbStore::open(dir, &RocksDbOptions::default())?;
+    f(&raw)?;
+    raw.close()?;
+    Ok(())
+}
+
+#[test]
+fn inspect_dump_and_verify_and_verify_names_a_tampered_key() -> Result<()> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let topic = kstate_test_broker::unique_topic("cli-verify");
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("store");
+    let offset = make_store(&dir, &servers, &topic)?;
+    let d = dir.to_str().context("path")?;
+
+    let inspected: Value = serde_json::from_str(&expect(
+        0,
+        &["inspect", d, "--bootstrap-servers", &servers, "--json"],
+    )?)?;
+    ensure!(inspected["topic"] == topic.as_str(), "{inspected}");
+    ensure!(
+        inspected["partition"] == 0 && inspected["offset"] == offset,
+        "{inspected}"
+    );
+    ensure!(inspected["format_version"] == 1, "{inspected}");
+    ensure!(inspected["changelog"]["lag"] == 0, "{inspected}");
+    ensure!(inspected["changelog"]["high"] == offset + 1, "{inspected}");
+    let human = expect(0, &["inspect", d])?;
+    ensure!(
+        human.contains(&format!("stored offset   {offset}")),
+        "{human}"
+    );
+
+    let dumped = expect(
+        0,
+        &[
+            "dump",
+            d,
+            "--key-format",
+            "utf8",
+            "--value-format",
+            "utf8",
+            "--prefix",
+            "key-1",
+            "--json",
+        ],
+    )?;
+    let entries: Vec<Value> = dumped
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    // key-1, key-10..key-19 in key order.
+    ensure!(entries.len() == 11, "{dumped}");
+    ensure!(
+        entries[0]["key"] == "key-1" && entries[0]["value"] == "value-1",
+        "{dumped}"
+    );
+    ensure!(entries[1]["key"] == "key-10", "{dumped}");
+    let limited = expect(0, &["dump", d, "--key-format", "utf8", "--limit", "3"])?;
+    ensure!(limited.lines().count() == 3, "{limited}");
+    ensure!(limited.starts_with("key-0\t0x76616c75652d30"), "{limited}");
+
+    let agreed = expect(0, &["verify", d, "--bootstrap-servers", &servers])?;
+    ensure!(
+        agreed.contains("agrees") && agreed.contains("99 keys"),
+        "{agreed}"
+    );
+
+    tamper(&dir, |s| s.put(b"key-7", b"changed behind its back"))?;
+    let differs = expect(
+        1,
+        &[
+            "verify",
+            d,
+            "--bootstrap-servers",
+            &servers,
+            "--key-format",
+            "utf8",
+        ],
+    )?;
+    ensure!(differs.contains("different  key-7"), "{differs}");
+    ensure!(
+        differs.contains("0 missing") && differs.contains("1 different"),
+        "{differs}"
+    );
+
+    tamper(&dir, |s| {
+        s.delete(b"key-8")?;
+        s.put(b"zzz", b"extra")
+    })?;
+    let counted: Value = serde_json::from_str(&expect(
+        1,
+        &[
+            "verify",
+            d,
+            "--bootstrap-servers",
+            &servers,
+            "--key-format",
+            "utf8",
+            "--json",
+        ],
+    )?)?;
+    ensure!(counted["agrees"] == false, "{counted}");
+    ensure!(
+        counted["missing"] == 1 && counted["extra"] == 1 && counted["different"] == 1,
+        "{counted}"
+    );
+    ensure!(counted["first_missing"][0] == "key-8", "{counted}");
+    ensure!(counted["first_extra"][0] == "zzz", "{counted}");
+    Ok(())
+}
+
+#[test]
+fn restore_then_verify_and_diff() -> Result<()> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let topic = kstate_test_broker::unique_topic("cli-restore");
+    let tmp = tempfile::tempdir()?;
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("nested/b"));
+    let offset = make_store(&a, &servers, &topic)?;
+    let (a, b) = (a.to_str().context("path")?, b.to_str().context("path")?);
+
+    let restored = expect(
+        0,
+        &[
+            "restore",
+            "--bootstrap-servers",
+            &servers,
+            "--topic",
+            &topic,
+            "--partition",
+            "0",
+            b,
+        ],
+    )?;
+    ensure!(
+        restored.contains(&format!("offsets 0..{}", offset + 1))
+            && restored.contains(&format!("{} records", offset + 1)),
+        "{restored}"
+    );
+    expect(0, &["verify", b, "--bootstrap-servers", &servers])?;
+    let same = expect(0, &["diff", a, b])?;
+    ensure!(same.contains("hold the same entries"), "{same}");
+
+    // Again: resumes from the stored offset, nothing to replay.
+    let again: Value = serde_json::from_str(&expect(
+        0,
+        &[
+            "restore",
+            "--bootstrap-servers",
+            &servers,
+            "--topic",
+            &topic,
+            "--partition",
+            "0",
+            b,
+            "--json",
+        ],
+    )?)?;
+    ensure!(
+        again["records"] == 0 && again["start_offset"] == offset + 1,
+        "{again}"
+    );
+
+    tamper(Path::new(b), |s| s.put(b"key-3", b"other"))?;
+    let differ = expect(1, &["diff", a, b, "--key-format", "utf8"])?;
+    ensure!(differ.contains("different  key-3"), "{differ}");
+
+    // A topic that does not exist is an error, never created by restore.
+    let missing = kstate(&[
+        "restore",
+        "--bootstrap-servers",
+        &servers,
+        "--topic",
+        "no-such-topic-kstate-cli",
+        "--partition",
+        "0",
+        &format!("{b}-other"),
+    ])?;
+    ensure!(missing.status.code() == Some(3), "{missing:?}");
+    Ok(())
+}
+
+#[test]
+fn restore_follow_applies_new_records_until_sigterm() -> Result<()> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let topic = kstate_test_broker::unique_topic("cli-follow");
+    let tmp = tempfile::tempdir()?;
+    let (a, standby) = (tmp.path().join("a"), tmp.path().join("standby"));
+    make_store(&a, &servers, &topic)?;
+    let mut follower = Command::new(env!("CARGO_BIN_EXE_kstate"))
+        .args([
+            "restore",
+            "--bootstrap-servers",
+            &servers,
+            "--topic",
+            &topic,
+            "--partition",
+            "0",
+            "--follow",
+        ])
+        .arg(&standby)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // New records while it follows.
+    let store = LoggedStore::open(&a, &RocksDbOptions::default(), config(&servers, &topic))?;
+    store.put(b"late", b"arrival")?;
+    store.close()?;
+    drop(store);
+    std::thread::sleep(Duration::from_secs(3));
+    Command::new("kill")
+        .args(["-TERM", &follower.id().to_string()])
+        .status()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while follower.try_wait()?.is_none() {
+        ensure!(
+            Instant::now() < deadline,
+            "the follower did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = follower.wait_with_output()?;
+    ensure!(out.status.success(), "follower: {out:?}");
+    let s = standby.to_str().context("path")?;
+    let dumped = expect(
+        0,
+        &[
+            "dump",
+            s,
+            "--key-format",
+            "utf8",
+            "--value-format",
+            "utf8",
+            "--prefix",
+            "late",
+        ],
+    )?;
+    ensure!(dumped.trim() == "late\tarrival", "{dumped}");
+    expect(0, &["diff", a.to_str().context("path")?, s])?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn reseed_writes_a_deleted_changelog_back() -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let topic = kstate_test_broker::unique_topic("cli-reseed");
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("store");
+    make_store(&dir, &servers, &topic)?;
+    let d = dir.to_str().context("path")?.to_string();
+
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &servers)
+        .create()?;
+    admin.delete_topics(&[&topic], &AdminOptions::new()).await?;
+    // Until the broker has forgotten the topic, a reseed would find it still there.
+    let servers_ = servers.clone();
+    let topic_ = topic.clone();
+    let gone = tokio::task::spawn_blocking(move || -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &servers_)
+                .create()?;
+            let md = rdkafka::consumer::Consumer::fetch_metadata(
+                &consumer,
+                Some(&topic_),
+                Duration::from_secs(10),
+            )?;
+            if md.topics().iter().all(|t| t.partitions().is_empty()) {
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "topic {topic_} not deleted");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    gone.await??;
+
+    // The store refuses to open without its changelog; reseed puts it back.
+    let reseeded = tokio::task::spawn_blocking({
+        let (d, servers, topic) = (d.clone(), servers.clone(), topic.clone());
+        move || {
+            expect(
+                0,
+                &[
+                    "reseed",
+                    &d,
+                    "--topic",
+                    &topic,
+                    "--partitions",
+                    "1",
+                    "--bootstrap-servers",
+                    &servers,
+                ],
+            )
+        }
+    })
+    .await??;
+    ensure!(reseeded.contains("99 records"), "{reseeded}");
+    let verified = tokio::task::spawn_blocking(move || {
+        expect(0, &["verify", &d, "--bootstrap-servers", &servers])
+    })
+    .await??;
+    ensure!(verified.contains("agrees"), "{verified}");
+    Ok(())
+}
+
+#[test]
+fn a_directory_open_elsewhere_is_refused() -> Result<()> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let topic = kstate_test_broker::unique_topic("cli-locked");
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("store");
+    make_store(&dir, &servers, &topic)?;
+    let held = RocksDbStore::open(&dir, &RocksDbOptions::default())?;
+    let d = dir.to_str().context("path")?;
+    for args in [
+        vec!["inspect", d],
+        vec!["dump", d],
+        vec!["verify", d, "--bootstrap-servers", &servers],
+    ] {
+        let out = kstate(&args)?;
+        let stderr = text(&out.stderr);
+        ensure!(out.status.code() == Some(3), "{args:?}: {out:?}");
+        ensure!(
+            stderr.contains("already open") && stderr.contains(d),
+            "{args:?}: {stderr}"
+        );
+    }
+    drop(held);
+    Ok(())
+}
+
+#[test]
+fn bad_arguments_get_a_clear_message_and_a_nonzero_exit() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let d = tmp.path().to_str().context("path")?;
+    for (args, code, says) in [
+        (vec!["dump"], 2, "Usage"),
+        (vec!["frobnicate"], 2, "unrecognized subcommand"),
+        (vec!["dump", d, "--key-format", "nope"], 2, "invalid value"),
+        (
+            vec!["dump", d, "--prefix", "a", "--from", "b"],
+            2,
+            "cannot be used with",
+        ),
+        (
+            vec!["dump", d, "--key-format", "u64", "--prefix", "x"],
+            3,
+            "is not a u64",
+        ),
+        (vec!["inspect", d], 3, "not a store directory"),
+        (vec!["verify", d], 3, "KAFKA_BOOTSTRAP_SERVERS"),
+        (
+            vec![
+                "restore",
+                d,
+                "--topic",
+                "t",
+                "--partition",
+                "0",
+                "--client-property",
+                "novalue",
+            ],
+            2,
+            "KEY=VALUE",
+        ),
+    ] {
+        let out = kstate(&args)?;
+        let stderr = text(&out.stderr);
+        ensure!(
+            out.status.code() == Some(code) && stderr.contains(says),
+            "{args:?}: exit {:?}, stderr {stderr}",
+            out.status.code()
+        );
+    }
+    // Every subcommand has help with an example.
+    for sub in ["inspect", "dump", "verify", "restore", "diff", "reseed"] {
+        let help = expect(0, &[sub, "--help"])?;
+        ensure!(
+            help.contains("Example"),
+            "{sub} --help has no example:\n{help}"
+        );
+    }
+    Ok(())
+}
