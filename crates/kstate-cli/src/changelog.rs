@@ -99,6 +99,7 @@ impl KafkaArgs {
         tpl.add_partition_offset(topic, partition, Offset::Offset(low))?;
         consumer.assign(&tpl)?;
         let bar = ProgressBar::new((end - low) as u64).with_style(bar_style("records read"));
+        let started = Instant::now();
         let mut last_progress = (low, Instant::now());
         loop {
             let position = match consumer.position()?.find_partition(topic, partition) {
@@ -109,6 +110,11 @@ impl KafkaArgs {
                 None => low,
             };
             bar.set_position((position - low) as u64);
+            bar.set_message(rate_message(
+                (position - low) as u64,
+                started.elapsed(),
+                None,
+            ));
             if position >= end {
                 break;
             }
@@ -140,10 +146,21 @@ impl KafkaArgs {
     }
 }
 
-/// The progress bar style of long reads: records, rate, ETA.
+/// The progress bar style of long reads: records, the rates the caller puts in the message,
+/// ETA.
 pub(crate) fn bar_style(unit: &str) -> ProgressStyle {
     ProgressStyle::with_template(&format!(
-        "{{bar:40}} {{pos}}/{{len}} {unit} ({{per_sec}}, {{msg}}ETA {{eta}})"
+        "{{bar:20}} {{human_pos}}/{{human_len}} {unit} ({{msg}}ETA {{eta}})"
     ))
     .unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// `1234567 records/s, ` for a bar's message.
+pub(crate) fn rate_message(records: u64, elapsed: Duration, bytes: Option<u64>) -> String {
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    let mut message = format!("{:.0} records/s, ", records as f64 / secs);
+    if let Some(bytes) = bytes {
+        message.push_str(&format!("{:.1} MB/s, ", bytes as f64 / 1e6 / secs));
+    }
+    message
 }

@@ -68,11 +68,10 @@ pub(crate) fn run(args: Args) -> Result<Outcome> {
     let store = store_dir::open_existing(&args.dir)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let mut shown = 0u64;
-    for entry in store.scan(&range, Order::Forward)? {
-        if args.limit.is_some_and(|limit| shown >= limit) {
-            break;
-        }
+    let entries = store
+        .scan(&range, Order::Forward)?
+        .take(args.limit.map_or(usize::MAX, |n| n as usize));
+    for entry in entries {
         let (key, value) = entry?;
         let written = if args.json {
             let line = serde_json::json!({
@@ -94,7 +93,6 @@ pub(crate) fn run(args: Args) -> Result<Outcome> {
             }
             return Err(e.into());
         }
-        shown += 1;
     }
     if let Err(e) = out.flush()
         && e.kind() != std::io::ErrorKind::BrokenPipe

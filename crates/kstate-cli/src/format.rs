@@ -62,7 +62,7 @@ fn encode_key<K: OrderedKey>(key: &K) -> Vec<u8> {
 
 fn parse_hex(text: &str) -> Result<Vec<u8>> {
     let text = text.strip_prefix("0x").unwrap_or(text);
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         bail!("{text:?} is not hex: an odd number of digits");
     }
     (0..text.len())

@@ -16,7 +16,7 @@ use kstate_rocksdb::RocksDbOptions;
 use serde::Serialize;
 
 use crate::Outcome;
-use crate::changelog::{KafkaArgs, bar_style};
+use crate::changelog::{KafkaArgs, bar_style, rate_message};
 
 /// Restores a store from its changelog (creating the directory if needed): resumes from the
 /// stored offset, or rebuilds when the store cannot be trusted, exactly as an application's open
@@ -72,8 +72,11 @@ impl RestoreListener for Bar {
             self.bar.set_length(done); // following: the end moves
         }
         self.bar.set_position(done);
-        let mb_per_s = bytes as f64 / 1e6 / self.started.elapsed().as_secs_f64().max(1e-3);
-        self.bar.set_message(format!("{mb_per_s:.1} MB/s, "));
+        self.bar.set_message(rate_message(
+            batch.total_records,
+            self.started.elapsed(),
+            Some(bytes),
+        ));
     }
 
     fn on_restore_end(&self, _: &RestoreReport) {

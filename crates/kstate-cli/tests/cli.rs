@@ -144,6 +144,7 @@ fn inspect_dump_and_verify_and_verify_names_a_tampered_key() -> Result<()> {
             "utf8",
         ],
     )?;
+    eprintln!("$ kstate verify {d} --key-format utf8\n{differs}");
     ensure!(differs.contains("different  key-7"), "{differs}");
     ensure!(
         differs.contains("0 missing") && differs.contains("1 different"),
