@@ -67,6 +67,21 @@ struct Copy {
     starts: usize,
 }
 
+impl Copy {
+    /// `n` copies, not running yet, each with its state directory and log under `dir`.
+    fn slots(dir: &Path, n: usize) -> Vec<Copy> {
+        (0..n)
+            .map(|slot| Copy {
+                slot,
+                state_dir: dir.join(format!("copy-{slot}")),
+                log: dir.join(format!("copy-{slot}.log")),
+                child: None,
+                starts: 0,
+            })
+            .collect()
+    }
+}
+
 struct Run {
     binary: PathBuf,
     servers: String,
@@ -245,15 +260,7 @@ async fn chaos(
     common::create_topic(&servers, &run.input, PARTITIONS, "delete").await?;
     common::create_topic(&servers, &run.output, PARTITIONS, "delete").await?;
     let dir = tempfile::tempdir()?;
-    let mut copies: Vec<Copy> = (0..4)
-        .map(|slot| Copy {
-            slot,
-            state_dir: dir.path().join(format!("copy-{slot}")),
-            log: dir.path().join(format!("copy-{slot}.log")),
-            child: None,
-            starts: 0,
-        })
-        .collect();
+    let mut copies = Copy::slots(dir.path(), 4);
     for copy in copies.iter_mut().take(3) {
         run.spawn(copy)?;
     }
@@ -566,15 +573,7 @@ async fn a_paused_copy_that_lost_its_partitions_makes_nothing_visible() -> anyho
     common::create_topic(&servers, &run.input, PARTITIONS, "delete").await?;
     common::create_topic(&servers, &run.output, PARTITIONS, "delete").await?;
     let dir = tempfile::tempdir()?;
-    let mut copies: Vec<Copy> = (0..2)
-        .map(|slot| Copy {
-            slot,
-            state_dir: dir.path().join(format!("copy-{slot}")),
-            log: dir.path().join(format!("copy-{slot}.log")),
-            child: None,
-            starts: 0,
-        })
-        .collect();
+    let mut copies = Copy::slots(dir.path(), 2);
     let mut truth = BTreeMap::new();
     run.spawn(&mut copies[0])?;
     produce_counted(&servers, &run.input, 1_200, &mut truth)?;

@@ -536,16 +536,24 @@ impl Shared {
                 }
             },
         };
+        self.apply_frozen(&frozen, offset, frozen_at)?;
+        metrics::histogram!("kstate_commit_seconds").record(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Writes the frozen overlay and `offset` (its last record's) to RocksDB in one batch, then
+    /// drops the frozen layer. A failure poisons: the entries are in the changelog but not in
+    /// RocksDB, and going on would let a later commit store an offset past them (reopening
+    /// restores them).
+    fn apply_frozen(&self, frozen: &Map, offset: i64, written_at: SystemTime) -> Result<()> {
         let position = ChangelogPosition {
             topic: self.config.topic.clone(),
             partition: self.config.partition,
             offset,
-            written_at: Some(frozen_at),
+            written_at: Some(written_at),
         };
         let data = frozen.iter().map(|(k, v)| (k.as_slice(), v.as_deref()));
         if let Err(e) = position.write_with(&self.store, data) {
-            // The frozen entries are acknowledged but not in RocksDB. Going on would let the next
-            // commit store an offset past them; refuse instead (reopen restores them).
             let reason = PoisonReason::LocalWriteFailed {
                 message: e.to_string(),
             };
@@ -553,7 +561,6 @@ impl Shared {
             return Err(self.poisoned(reason));
         }
         write(&self.state).frozen = None;
-        metrics::histogram!("kstate_commit_seconds").record(started.elapsed().as_secs_f64());
         Ok(())
     }
 
@@ -674,22 +681,7 @@ impl TransactionMember for Shared {
             state.frozen = Some(frozen.clone());
             frozen
         };
-        let position = ChangelogPosition {
-            topic: self.config.topic.clone(),
-            partition: self.config.partition,
-            offset,
-            written_at: Some(SystemTime::now()),
-        };
-        let data = frozen.iter().map(|(k, v)| (k.as_slice(), v.as_deref()));
-        if let Err(e) = position.write_with(&self.store, data) {
-            let reason = PoisonReason::LocalWriteFailed {
-                message: e.to_string(),
-            };
-            self.producer.tracker.poison(reason.clone());
-            return Err(self.poisoned(reason));
-        }
-        write(&self.state).frozen = None;
-        Ok(())
+        self.apply_frozen(&frozen, offset, SystemTime::now())
     }
 
     fn abort_starting(&self) {
