@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use kstate::kstate_kafka::{
-    BatchRestored, ChangelogConfig, RestoreListener, RestoreReport, RestoreStart,
+    BatchRestored, ChangelogConfig, ClientProperties, RestoreListener, RestoreReport, RestoreStart,
 };
 
 /// A changelog config for `topic`, partition 0, on the test broker, with timeouts short enough
@@ -27,15 +27,14 @@ pub fn changelog(topic: &str) -> anyhow::Result<ChangelogConfig> {
 /// Creates `topic` with `partitions` partitions and `cleanup.policy=policy` on the brokers at
 /// `servers`.
 pub async fn create_topic(
-    servers: &str,
+    client: impl Into<ClientProperties>,
     topic: &str,
     partitions: i32,
     policy: &str,
 ) -> anyhow::Result<()> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .create()?;
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        client.into().client_config().create()?;
     let new =
         NewTopic::new(topic, partitions, TopicReplication::Fixed(1)).set("cleanup.policy", policy);
     for created in admin.create_topics(&[new], &AdminOptions::new()).await? {

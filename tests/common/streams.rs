@@ -4,14 +4,44 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use kstate::kstate_kafka::ClientProperties;
 use rdkafka::Offset;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
 /// A record read back: partition, offset, key, value.
 pub type ReadRecord = (i32, i64, Vec<u8>, Option<Vec<u8>>);
+
+/// [`produce`] with `client`'s properties (a secured cluster).
+pub fn produce_with(
+    client: &ClientProperties,
+    topic: &str,
+    records: &[(i32, Vec<u8>, Vec<u8>)],
+) -> anyhow::Result<()> {
+    let producer: ThreadedProducer<DefaultProducerContext> = client
+        .client_config()
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()?;
+    for (partition, key, value) in records {
+        kstate_bench::kafka::send(
+            &producer,
+            BaseRecord::to(topic)
+                .partition(*partition)
+                .key(&key[..])
+                .payload(&value[..]),
+        );
+    }
+    producer.flush(Duration::from_secs(60))?;
+    // The last delivery reports may still queue behind log events (librdkafka's debug logging).
+    wait_for(
+        "the input's delivery reports",
+        Duration::from_secs(30),
+        || Ok(producer.in_flight_count() == 0),
+    )
+}
 
 /// Writes `(partition, key, value)` records to `topic` and waits until all are acknowledged.
 pub fn produce(
@@ -40,8 +70,17 @@ pub fn produce(
 /// when called. A partition is done when the consumer's position reaches its watermark:
 /// transaction markers take offsets but are never delivered.
 pub fn read_topic(servers: &str, topic: &str, partitions: i32) -> anyhow::Result<Vec<ReadRecord>> {
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", servers)
+    read_topic_with(&ClientProperties::new(servers), topic, partitions)
+}
+
+/// [`read_topic`] with `client`'s properties (a secured cluster).
+pub fn read_topic_with(
+    client: &ClientProperties,
+    topic: &str,
+    partitions: i32,
+) -> anyhow::Result<Vec<ReadRecord>> {
+    let consumer: BaseConsumer = client
+        .client_config()
         .set("group.id", "kstate-test-reader")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")

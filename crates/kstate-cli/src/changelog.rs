@@ -3,29 +3,52 @@
 //! must hold).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use kstate_kafka::ChangelogConfig;
+use kstate_kafka::{ChangelogConfig, ClientProperties, ConnectionWatch};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 
 /// How to reach the cluster.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub(crate) struct KafkaArgs {
-    /// The brokers (host:port,...).
+    /// The brokers (host:port,...); overrides the properties file's `bootstrap.servers`.
     #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS", value_name = "HOST:PORT")]
-    pub(crate) bootstrap_servers: Option<String>,
-    /// A librdkafka property for every client, e.g. `security.protocol=SSL` (repeatable).
+    bootstrap_servers: Option<String>,
+    /// A file of librdkafka client properties (`key=value` lines), e.g. the one a managed Kafka
+    /// service hands out with `security.protocol`, `sasl.*` and `ssl.*`. Keeps secrets off the
+    /// command line, where any user of the machine can read them.
+    #[arg(long, env = "KSTATE_CLIENT_PROPERTIES", value_name = "FILE")]
+    client_properties_file: Option<PathBuf>,
+    /// A librdkafka property for every client, e.g. `security.protocol=SSL` (repeatable;
+    /// overrides the file).
     #[arg(long = "client-property", value_name = "KEY=VALUE", value_parser = parse_property)]
-    pub(crate) client_properties: Vec<(String, String)>,
+    client_properties: Vec<(String, String)>,
+}
+
+/// Secrets stay out of `{:?}`: the properties are shown as [`ClientProperties`] shows them.
+impl std::fmt::Debug for KafkaArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut shown = ClientProperties::default();
+        for (key, value) in &self.client_properties {
+            shown.insert(key, value);
+        }
+        f.debug_struct("KafkaArgs")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("client_properties_file", &self.client_properties_file)
+            .field("client_properties", &shown)
+            .finish()
+    }
 }
 
 fn parse_property(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
-        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
+        // Not the text: it may be a secret given without its key.
+        _ => Err("expected KEY=VALUE with a non-empty key".to_string()),
     }
 }
 
@@ -33,43 +56,64 @@ fn parse_property(text: &str) -> Result<(String, String), String> {
 const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl KafkaArgs {
-    pub(crate) fn servers(&self) -> Result<&str> {
-        self.bootstrap_servers.as_deref().context(
-            "this subcommand talks to Kafka: give --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS",
-        )
+    /// Whether the cluster was named at all (some subcommands work without one).
+    pub(crate) fn given(&self) -> bool {
+        self.bootstrap_servers.is_some() || self.client_properties_file.is_some()
+    }
+
+    /// The client properties: the file's, then `--client-property`, then
+    /// `--bootstrap-servers`.
+    pub(crate) fn client(&self) -> Result<ClientProperties> {
+        let mut client = match &self.client_properties_file {
+            Some(path) => ClientProperties::from_file(path)?,
+            None => ClientProperties::default(),
+        };
+        for (key, value) in &self.client_properties {
+            client.insert(key, value);
+        }
+        if let Some(servers) = &self.bootstrap_servers {
+            client.insert("bootstrap.servers", servers);
+        }
+        if client.bootstrap_servers().is_empty() {
+            bail!(
+                "this subcommand talks to Kafka: give --bootstrap-servers (or set \
+                 KAFKA_BOOTSTRAP_SERVERS), or a --client-properties-file with bootstrap.servers"
+            );
+        }
+        Ok(client)
     }
 
     /// A changelog config for `topic`/`partition` with these connection settings.
     pub(crate) fn changelog(&self, topic: &str, partition: i32) -> Result<ChangelogConfig> {
-        let mut config = ChangelogConfig::new(self.servers()?, topic, partition);
-        for (key, value) in &self.client_properties {
-            config = config.client_property(key.clone(), value.clone());
-        }
-        Ok(config)
+        Ok(ChangelogConfig::new(self.client()?, topic, partition))
     }
 
-    fn consumer(&self, isolation: &str) -> Result<BaseConsumer> {
-        let mut client = ClientConfig::new();
-        client.set("bootstrap.servers", self.servers()?);
-        for (key, value) in &self.client_properties {
-            client.set(key, value);
-        }
-        client
+    /// A consumer that has reached the cluster (a wrong password or certificate is an error
+    /// at once, not a timeout).
+    fn consumer(&self, isolation: &str, topic: &str) -> Result<BaseConsumer<ConnectionWatch>> {
+        let client = self.client()?;
+        let consumer: BaseConsumer<ConnectionWatch> = client
+            .client_config()
             .set("group.id", "kstate-cli")
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
-            .set("isolation.level", isolation);
-        client.create().context("creating a Kafka client")
+            .set("isolation.level", isolation)
+            .create_with_context(ConnectionWatch::default())
+            .map_err(|e| client.redact_error(e))
+            .context("creating a Kafka client")?;
+        kstate_kafka::fetch_metadata(&consumer, Some(topic), QUERY_TIMEOUT)
+            .with_context(|| format!("reaching {}", client.bootstrap_servers()))?;
+        Ok(consumer)
     }
 
     /// The partition's low and high watermarks (the real end: read_uncommitted).
     pub(crate) fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
-        self.consumer("read_uncommitted")?
+        self.consumer("read_uncommitted", topic)?
             .fetch_watermarks(topic, partition, QUERY_TIMEOUT)
             .with_context(|| {
                 format!(
                     "asking {} for the offsets of {topic}/{partition}",
-                    self.bootstrap_servers.as_deref().unwrap_or_default()
+                    self.bootstrap_servers.as_deref().unwrap_or("the cluster")
                 )
             })
     }
@@ -94,7 +138,7 @@ impl KafkaArgs {
         if end <= low {
             return Ok(folded);
         }
-        let consumer = self.consumer("read_committed")?;
+        let consumer = self.consumer("read_committed", topic)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition, Offset::Offset(low))?;
         consumer.assign(&tpl)?;

@@ -69,7 +69,7 @@ pub(crate) fn run(args: Args) -> Result<Outcome> {
     while levels.len() > 1 && levels.last() == Some(&0) {
         levels.pop();
     }
-    let changelog = match (&position, args.kafka.bootstrap_servers.is_some()) {
+    let changelog = match (&position, args.kafka.given()) {
         (Some(p), true) => {
             let (low, high) = args.kafka.watermarks(&p.topic, p.partition)?;
             Some(Watermarks {

@@ -52,7 +52,7 @@ struct Reseeded {
 }
 
 pub(crate) fn run(args: Args) -> Result<Outcome> {
-    args.kafka.servers()?;
+    args.kafka.client()?;
     let partition = {
         let store = store_dir::open_existing(&args.dir)?;
         let stored = kstate_kafka::ChangelogPosition::read(&store)?;

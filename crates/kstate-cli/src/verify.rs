@@ -151,7 +151,7 @@ struct Verification<'a> {
 }
 
 pub(crate) fn run(args: Args) -> Result<Outcome> {
-    args.kafka.servers()?;
+    args.kafka.client()?;
     let store = store_dir::open_existing(&args.dir)?;
     let position = store_dir::position(&store, &args.dir)?;
     let folded: BTreeMap<Vec<u8>, Vec<u8>> =

@@ -1,7 +1,9 @@
 //! The `kstate` binary against a real broker and real store directories: every subcommand's
 //! output, `verify` failing on a tampered store and naming the key, `restore` then `verify`
 //! passing, `diff`, `reseed` after the changelog topic was deleted, `restore --follow` stopped by
-//! SIGTERM, a locked directory refused, and bad arguments refused with a clear message.
+//! SIGTERM, a locked directory refused, bad arguments refused with a clear message, and the
+//! same over SASL_SSL with a properties file, where a wrong password is named and no secret is
+//! printed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
@@ -11,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use kstate_core::KeyValueStore;
-use kstate_kafka::{ChangelogConfig, LoggedStore};
+use kstate_kafka::{ChangelogConfig, ClientProperties, LoggedStore};
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 use serde_json::Value;
 
@@ -39,16 +41,16 @@ fn expect(code: i32, args: &[&str]) -> Result<String> {
     Ok(text(&out.stdout))
 }
 
-fn config(servers: &str, topic: &str) -> ChangelogConfig {
-    ChangelogConfig::new(servers, topic, 0)
+fn config(client: impl Into<ClientProperties>, topic: &str) -> ChangelogConfig {
+    ChangelogConfig::new(client, topic, 0)
         .partitions(1)
         .open_timeout(Duration::from_secs(30))
 }
 
 /// A logged store at `dir` holding `key-0`..`key-99` = `value-i`, with `key-5` deleted,
 /// committed and closed. Returns its last changelog offset.
-fn make_store(dir: &Path, servers: &str, topic: &str) -> Result<i64> {
-    let store = LoggedStore::open(dir, &RocksDbOptions::default(), config(servers, topic))?;
+fn make_store(dir: &Path, client: impl Into<ClientProperties>, topic: &str) -> Result<i64> {
+    let store = LoggedStore::open(dir, &RocksDbOptions::default(), config(client, topic))?;
     for i in 0..100 {
         store.put(
             format!("key-{i}").as_bytes(),
@@ -451,5 +453,98 @@ fn bad_arguments_get_a_clear_message_and_a_nonzero_exit() -> Result<()> {
             "{sub} --help has no example:\n{help}"
         );
     }
+    Ok(())
+}
+
+#[test]
+fn restore_and_verify_over_sasl_ssl_and_a_wrong_password_is_named_never_printed() -> Result<()> {
+    let broker = kstate_test_broker::secure_broker()?;
+    let file = broker.sasl_ssl_properties();
+    let client = ClientProperties::from_file(&file)?;
+    let secret = client
+        .get("sasl.password")
+        .context("no password")?
+        .to_string();
+    let topic = kstate_test_broker::unique_topic("cli-secure");
+    let tmp = tempfile::tempdir()?;
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let offset = make_store(&a, client.clone(), &topic)?;
+    let (b, file_arg) = (b.to_str().context("path")?, file.to_str().context("path")?);
+
+    let mut printed = String::new();
+    let restore = [
+        "restore",
+        "--client-properties-file",
+        file_arg,
+        "--topic",
+        &topic,
+        "--partition",
+        "0",
+        b,
+    ];
+    let out = kstate(&restore)?;
+    printed.push_str(&text(&out.stdout));
+    printed.push_str(&text(&out.stderr));
+    ensure!(out.status.success(), "{out:?}");
+    ensure!(
+        printed.contains(&format!("{} records", offset + 1)),
+        "{printed}"
+    );
+    let out = kstate(&["verify", b, "--client-properties-file", file_arg])?;
+    printed.push_str(&text(&out.stdout));
+    printed.push_str(&text(&out.stderr));
+    ensure!(out.status.success(), "{out:?}");
+
+    // A wrong password: named as an authentication failure, at once, and never printed.
+    let wrong_file = tmp.path().join("wrong.properties");
+    let wrong = std::fs::read_to_string(&file)?
+        .lines()
+        .map(|line| {
+            if line.starts_with("sasl.password=") {
+                "sasl.password=wrong-password-for-the-test".to_string()
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&wrong_file, wrong)?;
+    let started = Instant::now();
+    let out = kstate(&[
+        "verify",
+        b,
+        "--client-properties-file",
+        wrong_file.to_str().context("path")?,
+    ])?;
+    let stderr = text(&out.stderr);
+    printed.push_str(&text(&out.stdout));
+    printed.push_str(&stderr);
+    ensure!(out.status.code() == Some(3), "{out:?}");
+    ensure!(stderr.contains("SASL authentication failed"), "{stderr}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    // On the command line instead of the file: still never echoed.
+    let out = kstate(&[
+        "verify",
+        b,
+        "--client-properties-file",
+        file_arg,
+        "--client-property",
+        "sasl.password=wrong-password-for-the-test",
+    ])?;
+    printed.push_str(&text(&out.stdout));
+    printed.push_str(&text(&out.stderr));
+    ensure!(out.status.code() == Some(3), "{out:?}");
+    ensure!(
+        !printed.contains(&secret),
+        "the password was printed:\n{printed}"
+    );
+    ensure!(
+        !printed.contains("wrong-password-for-the-test"),
+        "the wrong password was printed:\n{printed}"
+    );
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! [`ChangelogConfig`]: where a store's changelog lives and how it is written and read.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::client_properties::ClientProperties;
 use crate::durability::Durability;
 
 /// Kafka's default limit on one record (`message.max.bytes`), less room for the batch header.
@@ -37,9 +37,12 @@ pub enum LostChangelog {
 
 /// How a [`LoggedStore`](crate::LoggedStore) talks to its changelog. Built with
 /// [`ChangelogConfig::new`] and the setters; every setter has a documented default.
+///
+/// `Debug` shows every client property but the secrets (see [`ClientProperties`]).
 #[derive(Debug, Clone)]
 pub struct ChangelogConfig {
-    pub(crate) bootstrap_servers: String,
+    /// The cluster, and every client's properties.
+    pub(crate) client: ClientProperties,
     pub(crate) topic: String,
     pub(crate) partition: i32,
     pub(crate) partitions: Option<i32>,
@@ -58,18 +61,18 @@ pub struct ChangelogConfig {
     pub(crate) flush_interval: Option<Duration>,
     pub(crate) lost_changelog: LostChangelog,
     pub(crate) max_record_bytes: usize,
-    pub(crate) client_overrides: BTreeMap<String, String>,
 }
 
 impl ChangelogConfig {
-    /// The changelog of one store: `partition` of `topic` on the brokers at `bootstrap_servers`.
+    /// The changelog of one store: `partition` of `topic` on the cluster `client` names: a
+    /// bootstrap address (`"host:port,..."`) or [`ClientProperties`] with security settings.
     pub fn new(
-        bootstrap_servers: impl Into<String>,
+        client: impl Into<ClientProperties>,
         topic: impl Into<String>,
         partition: i32,
     ) -> Self {
         ChangelogConfig {
-            bootstrap_servers: bootstrap_servers.into(),
+            client: client.into(),
             topic: topic.into(),
             partition,
             partitions: None,
@@ -88,7 +91,6 @@ impl ChangelogConfig {
             flush_interval: None,
             lost_changelog: LostChangelog::Refuse,
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
-            client_overrides: BTreeMap::new(),
         }
     }
 
@@ -228,7 +230,8 @@ impl ChangelogConfig {
         self
     }
 
-    /// Sets any librdkafka property on the producer, consumer and admin clients (security
+    /// Sets a librdkafka property on the producer, consumer and admin clients, as
+    /// [`ClientProperties::set`] does on the properties given to [`new`](Self::new) (security
     /// settings, or `compression.type`, default `lz4`). The properties the changelog depends on
     /// (`acks`, `enable.idempotence`, `max.in.flight.requests.per.connection`,
     /// `message.timeout.ms`, `linger.ms`, `message.max.bytes`, `isolation.level`) are set by the
@@ -236,8 +239,13 @@ impl ChangelogConfig {
     /// consumer's `auto.offset.reset`, `enable.partition.eof`, `fetch.queue.backoff.ms` and
     /// `max.partition.fetch.bytes`, which were measured (BENCHMARKS.md).
     pub fn client_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.client_overrides.insert(key.into(), value.into());
+        self.client.insert(key, value);
         self
+    }
+
+    /// The client properties, bootstrap servers included.
+    pub fn client(&self) -> &ClientProperties {
+        &self.client
     }
 
     /// The topic.
@@ -250,12 +258,7 @@ impl ChangelogConfig {
         self.partition
     }
 
-    pub(crate) fn client_config(&self) -> rdkafka::ClientConfig {
-        let mut config = rdkafka::ClientConfig::new();
-        config.set("bootstrap.servers", &self.bootstrap_servers);
-        for (k, v) in &self.client_overrides {
-            config.set(k, v);
-        }
-        config
+    pub(crate) fn bootstrap_servers(&self) -> &str {
+        self.client.bootstrap_servers()
     }
 }

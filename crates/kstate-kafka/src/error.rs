@@ -11,7 +11,8 @@ use kstate_core::BoxError;
 pub enum ChangelogError {
     /// The broker did not answer within the open timeout.
     #[error(
-        "Kafka broker at {bootstrap_servers} did not answer within {timeout:?} (topic {topic}): {source}"
+        "Kafka broker at {bootstrap_servers} did not answer within {timeout:?} (topic {topic}): {source}{}",
+        last_error.as_deref().map(|e| format!("; the client's last error: {e}")).unwrap_or_default()
     )]
     BrokerUnreachable {
         /// The bootstrap servers tried.
@@ -23,6 +24,22 @@ pub enum ChangelogError {
         /// The client's error.
         #[source]
         source: rdkafka::error::KafkaError,
+        /// The last error the client reported about its connections, which says why (e.g.
+        /// librdkafka's "connecting to a SSL listener?").
+        last_error: Option<String>,
+    },
+
+    /// The cluster refused the client's credentials or its TLS handshake; reported as soon as
+    /// seen, since waiting cannot fix it.
+    #[error("cannot log in to the Kafka cluster at {bootstrap_servers} (topic {topic}): {failure}")]
+    Security {
+        /// The bootstrap servers tried.
+        bootstrap_servers: String,
+        /// The changelog topic.
+        topic: String,
+        /// What failed.
+        #[source]
+        failure: crate::connection::SecurityFailure,
     },
 
     /// An output record sent through a [`SharedProducer`](crate::SharedProducer) was not
@@ -269,4 +286,30 @@ impl TransactionError {
     pub fn is_aborted(&self) -> bool {
         matches!(self, TransactionError::Aborted { .. })
     }
+}
+
+/// Why a client properties file could not be read. Never quotes the file's text: it may hold
+/// secrets.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientPropertiesError {
+    /// The file could not be read.
+    #[error("cannot read the client properties file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line is not `key=value`.
+    #[error("{}:{line}: {problem}", path.display())]
+    Syntax {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The line, from 1.
+        line: usize,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
 }

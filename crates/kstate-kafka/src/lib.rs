@@ -20,7 +20,9 @@
 // write path returns `kstate_core::Error`), so the size costs nothing where it matters.
 #![allow(clippy::result_large_err)]
 
+mod client_properties;
 mod config;
+mod connection;
 mod durability;
 mod error;
 mod key_prefix;
@@ -32,9 +34,11 @@ mod restore;
 mod topic;
 mod transaction;
 
+pub use client_properties::{ClientProperties, REDACTED, is_sensitive};
 pub use config::{ChangelogConfig, DEFAULT_LINGER, DEFAULT_MAX_RECORD_BYTES, LostChangelog};
+pub use connection::{ConnectionWatch, MetadataError, SecurityFailure, fetch_metadata};
 pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
-pub use error::{ChangelogError, TransactionError};
+pub use error::{ChangelogError, ClientPropertiesError, TransactionError};
 pub use logged_store::LoggedStore;
 pub use position::{ChangelogPosition, FORMAT_VERSION};
 pub use producer::SharedProducer;

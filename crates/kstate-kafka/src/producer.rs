@@ -466,9 +466,9 @@ impl SharedProducer {
             outputs: outputs.clone(),
             routes: routes.clone(),
         };
-        let mut client = config.client_config();
+        let mut client = config.client.client_config();
         // Defaults a user may override through `client_property`.
-        if !config.client_overrides.contains_key("compression.type") {
+        if config.client.get("compression.type").is_none() {
             client.set("compression.type", "lz4");
         }
         // What the commit protocol depends on: never overridden.
@@ -510,20 +510,20 @@ impl SharedProducer {
                     .max(1_000_000)
                     .to_string(),
             );
-        let producer =
-            client
-                .create_with_context(context)
-                .map_err(|source| ChangelogError::Kafka {
-                    topic: config.topic.clone(),
-                    partition: config.partition,
-                    operation: "create producer",
-                    source,
-                })?;
+        let producer = client
+            .create_with_context(context)
+            .map_err(|source| config.client.redact_error(source))
+            .map_err(|source| ChangelogError::Kafka {
+                topic: config.topic.clone(),
+                partition: config.partition,
+                operation: "create producer",
+                source,
+            })?;
         Ok(SharedProducer {
             inner: Arc::new(producer),
             outputs,
             routes,
-            bootstrap_servers: config.bootstrap_servers.as_str().into(),
+            bootstrap_servers: config.bootstrap_servers().into(),
             transaction: transaction.map(Arc::new),
         })
     }

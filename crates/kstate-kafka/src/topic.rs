@@ -20,6 +20,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::ChangelogConfig;
+use crate::connection::MetadataError;
 use crate::error::ChangelogError;
 use crate::restore::RestoreClients;
 
@@ -52,15 +53,23 @@ pub(crate) fn ensure_topic(
             ),
         });
     }
-    let metadata = clients
-        .probe
-        .fetch_metadata(Some(&config.topic), config.open_timeout)
-        .map_err(|source| ChangelogError::BrokerUnreachable {
-            bootstrap_servers: config.bootstrap_servers.clone(),
-            topic: config.topic.clone(),
-            timeout: config.open_timeout,
-            source,
-        })?;
+    // The first contact with the cluster: a wrong password or certificate ends it at once.
+    let metadata =
+        crate::connection::fetch_metadata(&clients.probe, Some(&config.topic), config.open_timeout)
+            .map_err(|e| match e {
+                MetadataError::Security(failure) => ChangelogError::Security {
+                    bootstrap_servers: config.bootstrap_servers().to_string(),
+                    topic: config.topic.clone(),
+                    failure,
+                },
+                MetadataError::Timeout { error, last_error } => ChangelogError::BrokerUnreachable {
+                    bootstrap_servers: config.bootstrap_servers().to_string(),
+                    topic: config.topic.clone(),
+                    timeout: config.open_timeout,
+                    source: error,
+                    last_error,
+                },
+            })?;
     let topic = metadata.topics().iter().find(|t| t.name() == config.topic);
     let exists = topic.is_some_and(|t| t.error().is_none() && !t.partitions().is_empty());
     if !exists {

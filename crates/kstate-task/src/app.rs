@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use kstate_core::codec::{Bincode, Codec, OrderedKey};
 use kstate_core::{KeyValueStore, Store};
+use kstate_kafka::{ClientProperties, ConnectionWatch};
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 
 use crate::config::{AppBuilder, AppConfig, GroupProtocol, ProcessorFactory, StoreHandle};
 use crate::error::TaskError;
@@ -55,12 +56,14 @@ pub struct App {
 
 impl App {
     /// An application named `application_id` (its consumer group and the prefix of its
-    /// changelog topics) on the cluster at `bootstrap_servers`.
+    /// changelog topics) on the cluster `client` names: a bootstrap address (`"host:port,..."`)
+    /// or [`ClientProperties`] with security settings, which every client of the application
+    /// (input consumers, producers, restore and admin clients) is made with.
     pub fn builder(
         application_id: impl Into<String>,
-        bootstrap_servers: impl Into<String>,
+        client: impl Into<ClientProperties>,
     ) -> AppBuilder {
-        AppBuilder::new(application_id.into(), bootstrap_servers.into())
+        AppBuilder::new(application_id.into(), client.into())
     }
 
     pub(crate) fn new(config: AppConfig, factory: ProcessorFactory) -> Self {
@@ -131,11 +134,7 @@ fn thread_error(name: String, e: std::io::Error) -> TaskError {
 
 /// The client settings every input consumer gets.
 pub(crate) fn consumer_config(config: &AppConfig) -> ClientConfig {
-    let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", &config.bootstrap_servers);
-    for (key, value) in &config.client_properties {
-        client.set(key, value);
-    }
+    let mut client = config.client.client_config();
     client
         .set("group.id", &config.application_id)
         .set("enable.auto.commit", "false")
@@ -169,27 +168,25 @@ pub(crate) fn consumer_config(config: &AppConfig) -> ClientConfig {
 
 /// The inputs' common partition count; an error if one is missing or they differ.
 fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
-    let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", &config.bootstrap_servers);
-    for (key, value) in &config.client_properties {
-        client.set(key, value);
-    }
-    let probe: BaseConsumer = client.create().map_err(|source| TaskError::Kafka {
-        operation: "create metadata client",
-        topic: config.inputs.join(","),
-        partition: -1,
-        source,
-    })?;
+    let probe: BaseConsumer<ConnectionWatch> = config
+        .client
+        .client_config()
+        .create_with_context(ConnectionWatch::default())
+        .map_err(|source| TaskError::Kafka {
+            operation: "create metadata client",
+            topic: config.inputs.join(","),
+            partition: -1,
+            source: config.client.redact_error(source),
+        })?;
     let mut counts = Vec::new();
     for topic in &config.inputs {
-        let metadata = probe
-            .fetch_metadata(Some(topic), Duration::from_secs(30))
-            .map_err(|source| TaskError::Kafka {
-                operation: "fetch input metadata",
-                topic: topic.clone(),
-                partition: -1,
-                source,
-            })?;
+        // The first contact with the cluster: a wrong password or certificate ends it at once.
+        let metadata = kstate_kafka::fetch_metadata(&probe, Some(topic), Duration::from_secs(30))
+            .map_err(|source| TaskError::Cluster {
+            operation: "fetch input metadata",
+            bootstrap_servers: config.client.bootstrap_servers().to_string(),
+            source: Box::new(source),
+        })?;
         let n = metadata
             .topics()
             .iter()
@@ -198,7 +195,7 @@ fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
         if n == 0 {
             return Err(TaskError::MissingInput {
                 topic: topic.clone(),
-                bootstrap_servers: config.bootstrap_servers.clone(),
+                bootstrap_servers: config.client.bootstrap_servers().to_string(),
             });
         }
         counts.push((topic.clone(), n));

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kstate_kafka::{ChangelogConfig, RestoreListener};
+use kstate_kafka::{ChangelogConfig, ClientProperties, RestoreListener};
 use kstate_rocksdb::RocksDbOptions;
 
 use crate::app::App;
@@ -125,7 +125,8 @@ pub type ProcessorFactory = Arc<dyn Fn(TaskId) -> Box<dyn Processor> + Send + Sy
 #[derive(Clone)]
 pub(crate) struct AppConfig {
     pub(crate) application_id: String,
-    pub(crate) bootstrap_servers: String,
+    /// The cluster, and every client's properties.
+    pub(crate) client: ClientProperties,
     pub(crate) inputs: Vec<String>,
     pub(crate) state_dir: PathBuf,
     pub(crate) threads: usize,
@@ -133,7 +134,6 @@ pub(crate) struct AppConfig {
     pub(crate) replication_factor: i32,
     pub(crate) group_protocol: GroupProtocol,
     pub(crate) revocation_timeout: Duration,
-    pub(crate) client_properties: BTreeMap<String, String>,
     pub(crate) consumer_properties: BTreeMap<String, String>,
     pub(crate) rocksdb: RocksDbOptions,
     pub(crate) stores: Vec<StoreSpec>,
@@ -151,19 +151,15 @@ impl AppConfig {
         partition: i32,
         partitions: i32,
     ) -> ChangelogConfig {
-        let mut config = ChangelogConfig::new(
-            self.bootstrap_servers.clone(),
+        ChangelogConfig::new(
+            self.client.clone(),
             format!("{}-{store}-changelog", self.application_id),
             partition,
         )
         .partitions(partitions)
         .replication_factor(self.replication_factor)
         // The task commits on its interval; the store's own timer is not running.
-        .durability(kstate_kafka::Durability::Async);
-        for (key, value) in &self.client_properties {
-            config = config.client_property(key.clone(), value.clone());
-        }
-        config
+        .durability(kstate_kafka::Durability::Async)
     }
 
     /// Worker `index`'s transactional id: `<app-id>-<instance-id>-<index>`.
@@ -195,11 +191,11 @@ pub struct AppBuilder {
 }
 
 impl AppBuilder {
-    pub(crate) fn new(application_id: String, bootstrap_servers: String) -> Self {
+    pub(crate) fn new(application_id: String, client: ClientProperties) -> Self {
         AppBuilder {
             config: AppConfig {
                 application_id,
-                bootstrap_servers,
+                client,
                 inputs: Vec::new(),
                 state_dir: std::env::temp_dir().join("kstate"),
                 threads: 1,
@@ -207,7 +203,6 @@ impl AppBuilder {
                 replication_factor: 1,
                 group_protocol: GroupProtocol::default(),
                 revocation_timeout: Duration::from_secs(30),
-                client_properties: BTreeMap::new(),
                 consumer_properties: BTreeMap::new(),
                 rocksdb: RocksDbOptions::default(),
                 stores: Vec::new(),
@@ -293,15 +288,15 @@ impl AppBuilder {
         self
     }
 
-    /// A librdkafka property for every client (security settings, for example).
+    /// A librdkafka property for every client: input consumers, transactional producers,
+    /// changelog producers, restore and admin clients (security settings, for example); the same
+    /// as setting it on the [`ClientProperties`] given to [`App::builder`](crate::App::builder).
     pub fn client_property(
         &mut self,
         key: impl Into<String>,
         value: impl Into<String>,
     ) -> &mut Self {
-        self.config
-            .client_properties
-            .insert(key.into(), value.into());
+        self.config.client.insert(key, value);
         self
     }
 

@@ -28,6 +28,19 @@ pub enum TaskError {
         bootstrap_servers: String,
     },
 
+    /// The cluster did not answer, or refused the client's credentials or TLS handshake (the
+    /// latter reported at once: waiting cannot fix it).
+    #[error("{operation} at {bootstrap_servers}: {source}")]
+    Cluster {
+        /// What was being done.
+        operation: &'static str,
+        /// The bootstrap servers.
+        bootstrap_servers: String,
+        /// Why it failed.
+        #[source]
+        source: Box<kstate_kafka::MetadataError>,
+    },
+
     /// A Kafka client call failed.
     #[error("{operation} failed (topic {topic}, partition {partition}): {source}")]
     Kafka {

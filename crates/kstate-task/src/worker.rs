@@ -743,7 +743,7 @@ pub(crate) fn run(
             operation: "create consumer",
             topic: config.inputs.join(","),
             partition: -1,
-            source,
+            source: config.client.redact_error(source),
         })?;
     let topics: Vec<&str> = config.inputs.iter().map(String::as_str).collect();
     consumer

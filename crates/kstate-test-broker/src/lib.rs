@@ -14,6 +14,9 @@
 //! When none works, [`broker`] returns [`BrokerError::Unavailable`] with every reason and the
 //! commands that fix it: a test that needs a broker fails, it never passes or skips.
 //!
+//! Tests of secured clusters use [`secure_broker`]: `scripts/kafka start --secure`, a broker of
+//! its own with TLS and SASL_SSL listeners (it needs the JDK in every case).
+//!
 //! Every test uses its own topics: [`unique_topic`] names them.
 
 use std::path::PathBuf;
@@ -259,12 +262,77 @@ fn launcher_broker() -> Result<Broker, String> {
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         ));
     }
-    keep_lease_fresh(script);
+    keep_lease_fresh(script, &["touch"]);
     Ok(Broker {
         bootstrap_servers: address,
         source: BrokerSource::LocalLauncher,
         _container: None,
     })
+}
+
+/// The shared secured broker: `scripts/kafka start --secure` (its own state directory, beside
+/// the plain shared broker), with a TLS listener and a SASL_SSL listener (SCRAM-SHA-512) whose
+/// throwaway CA, certificates and user password are made at each start. Needs a JDK even where
+/// the plain broker comes from Docker or `KAFKA_BOOTSTRAP_SERVERS`: there is no secured
+/// container here. While this process lives, a thread keeps its lease fresh.
+#[derive(Debug, Clone)]
+pub struct SecureBroker {
+    sasl_ssl: PathBuf,
+}
+
+impl SecureBroker {
+    /// The librdkafka client properties of the SASL_SSL listener (bootstrap servers, protocol,
+    /// mechanism, user, password, CA), one `key=value` per line; the file is readable by its
+    /// owner only.
+    pub fn sasl_ssl_properties(&self) -> PathBuf {
+        self.sasl_ssl.clone()
+    }
+
+    /// The client properties of the TLS listener (no SASL).
+    pub fn ssl_properties(&self) -> PathBuf {
+        self.sasl_ssl.with_file_name("ssl.properties")
+    }
+
+    /// The CA certificate (PEM) that signed the broker's certificate.
+    pub fn ca_pem(&self) -> PathBuf {
+        self.sasl_ssl.with_file_name("ca.pem")
+    }
+}
+
+/// The process-wide secured broker, started (or reused) on first use.
+pub fn secure_broker() -> Result<&'static SecureBroker, BrokerError> {
+    static BROKER: OnceLock<Result<SecureBroker, BrokerError>> = OnceLock::new();
+    BROKER
+        .get_or_init(start_secure_broker)
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn start_secure_broker() -> Result<SecureBroker, BrokerError> {
+    let script = launcher_script();
+    let failed = |message: String| BrokerError::Launcher {
+        command: "start --secure",
+        state_dir: "the default secure state directory".to_string(),
+        message,
+    };
+    let output = Command::new(&script)
+        .args(["start", "--secure"])
+        .output()
+        .map_err(|e| failed(format!("cannot run {}: {e}", script.display())))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    if !output.status.success() || !path.is_file() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+        return Err(failed(format!(
+            "{} start --secure failed ({}):\n{}",
+            script.display(),
+            output.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )));
+    }
+    keep_lease_fresh(script, &["touch", "--secure"]);
+    Ok(SecureBroker { sasl_ssl: path })
 }
 
 /// A broker of a test's own, for tests that kill it: `scripts/kafka` in a private state
@@ -378,13 +446,13 @@ impl Drop for PrivateBroker {
 }
 
 /// The launcher stops an idle broker; while this process lives, it is not idle.
-fn keep_lease_fresh(script: PathBuf) {
+fn keep_lease_fresh(script: PathBuf, touch: &'static [&'static str]) {
     let spawned = std::thread::Builder::new()
         .name("kafka-lease".into())
         .spawn(move || {
             loop {
                 std::thread::sleep(Duration::from_secs(60));
-                if let Err(e) = Command::new(&script).arg("touch").output() {
+                if let Err(e) = Command::new(&script).args(touch).output() {
                     tracing::warn!(error = %e, "could not refresh the broker lease");
                 }
             }

@@ -12,8 +12,6 @@
 //! The replaying consumer is unassigned when a restore ends, however it ends; librdkafka drops
 //! messages of a removed assignment, so the next restore reads only its own partition.
 
-use std::collections::BTreeMap;
-
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -21,17 +19,19 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use super::RESTORE_FETCH_SETTINGS;
 #[cfg(doc)]
 use super::RestoredStore;
+use crate::client_properties::ClientProperties;
 use crate::config::ChangelogConfig;
+use crate::connection::ConnectionWatch;
 use crate::error::ChangelogError;
 use crate::topic::kafka;
 
 /// The clients of restores against one cluster (the same bootstrap servers and client
 /// properties). Not for concurrent restores: one restore at a time uses a set.
 pub struct RestoreClients {
-    bootstrap_servers: String,
-    client_overrides: BTreeMap<String, String>,
-    /// `read_uncommitted`: metadata and the high watermark.
-    pub(crate) probe: BaseConsumer,
+    client: ClientProperties,
+    /// `read_uncommitted`: metadata and the high watermark. The first contact with the cluster,
+    /// so it watches for authentication and TLS failures (see [`ConnectionWatch`]).
+    pub(crate) probe: BaseConsumer<ConnectionWatch>,
     /// Creates the topic, reads its settings.
     pub(crate) admin: AdminClient<DefaultClientContext>,
     /// `read_committed`: replays.
@@ -40,10 +40,8 @@ pub struct RestoreClients {
 
 impl std::fmt::Debug for RestoreClients {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Client properties may hold secrets: only their names.
         f.debug_struct("RestoreClients")
-            .field("bootstrap_servers", &self.bootstrap_servers)
-            .field("client_properties", &self.client_overrides.keys())
+            .field("client", &self.client)
             .finish_non_exhaustive()
     }
 }
@@ -51,20 +49,22 @@ impl std::fmt::Debug for RestoreClients {
 impl RestoreClients {
     /// Clients for the cluster `config` names, with its client properties.
     pub fn new(config: &ChangelogConfig) -> Result<Self, ChangelogError> {
-        let probe = config
+        let client = &config.client;
+        let failed = |operation, source| kafka(config, operation, client.redact_error(source));
+        let probe = client
             .client_config()
             .set("isolation.level", "read_uncommitted")
-            .create()
-            .map_err(|source| kafka(config, "create metadata client", source))?;
-        let admin = config
+            .create_with_context(ConnectionWatch::default())
+            .map_err(|source| failed("create metadata client", source))?;
+        let admin = client
             .client_config()
             .create()
-            .map_err(|source| kafka(config, "create admin client", source))?;
-        let mut client = config.client_config();
+            .map_err(|source| failed("create admin client", source))?;
+        let mut consumer = client.client_config();
         for (key, value) in RESTORE_FETCH_SETTINGS {
-            client.set(*key, *value);
+            consumer.set(*key, *value);
         }
-        let consumer = client
+        let consumer = consumer
             .set("group.id", "kstate-restore")
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
@@ -73,10 +73,9 @@ impl RestoreClients {
             // skipping records silently; the next open then sees the truncation and rebuilds.
             .set("auto.offset.reset", "error")
             .create()
-            .map_err(|source| kafka(config, "create restore consumer", source))?;
+            .map_err(|source| failed("create restore consumer", source))?;
         Ok(RestoreClients {
-            bootstrap_servers: config.bootstrap_servers.clone(),
-            client_overrides: config.client_overrides.clone(),
+            client: client.clone(),
             probe,
             admin,
             consumer,
@@ -85,8 +84,7 @@ impl RestoreClients {
 
     /// Whether these clients talk to the cluster `config` names, as `config` would.
     pub fn suits(&self, config: &ChangelogConfig) -> bool {
-        self.bootstrap_servers == config.bootstrap_servers
-            && self.client_overrides == config.client_overrides
+        self.client == config.client
     }
 }
 

@@ -15,6 +15,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::ChangelogConfig;
+use crate::connection::ConnectionWatch;
 use crate::error::ChangelogError;
 
 /// The partition's offsets at the start of a restore.
@@ -38,22 +39,24 @@ impl Watermarks {
 /// `committed` the restore's `read_committed` consumer.
 pub(crate) fn capture_end(
     config: &ChangelogConfig,
-    uncommitted: &BaseConsumer,
+    uncommitted: &BaseConsumer<ConnectionWatch>,
     committed: &BaseConsumer,
 ) -> Result<Watermarks, ChangelogError> {
     let (topic, partition) = (config.topic.as_str(), config.partition);
     let unreachable = |source| ChangelogError::BrokerUnreachable {
-        bootstrap_servers: config.bootstrap_servers.clone(),
+        bootstrap_servers: config.bootstrap_servers().to_string(),
         topic: topic.to_string(),
         timeout: config.open_timeout,
         source,
+        last_error: uncommitted.context().last_error(),
     };
     let started = Instant::now();
     // A partition whose leader is still being elected (a topic created a moment ago, a broker
     // restarting) answers "not leader" at once; a client that already knows the cluster asks
     // again instead of failing the restore.
-    let watermarks = |client: &BaseConsumer| loop {
-        match client.fetch_watermarks(topic, partition, config.open_timeout) {
+    type Query<'a> = &'a dyn Fn(Duration) -> rdkafka::error::KafkaResult<(i64, i64)>;
+    let watermarks = |query: Query<'_>| loop {
+        match query(config.open_timeout) {
             Err(KafkaError::MetadataFetch(
                 RDKafkaErrorCode::NotLeaderForPartition
                 | RDKafkaErrorCode::LeaderNotAvailable
@@ -66,8 +69,10 @@ pub(crate) fn capture_end(
     };
     let mut logged = false;
     loop {
-        let (low, high) = watermarks(uncommitted)?;
-        let (_, stable) = watermarks(committed)?;
+        let (low, high) =
+            watermarks(&|timeout| uncommitted.fetch_watermarks(topic, partition, timeout))?;
+        let (_, stable) =
+            watermarks(&|timeout| committed.fetch_watermarks(topic, partition, timeout))?;
         if stable >= high {
             return Ok(Watermarks { low, high });
         }

@@ -200,8 +200,8 @@ impl RestoredStore {
                 topic: config.topic.clone(),
                 message: format!(
                     "the restore clients were made for another cluster or other client \
-                     properties ({clients:?}); the changelog's are {}",
-                    config.bootstrap_servers
+                     properties ({clients:?}); the changelog's are {:?}",
+                    config.client
                 ),
             });
         }
