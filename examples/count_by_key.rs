@@ -8,7 +8,10 @@
 //!     [--threads N] [--commit-interval-ms N] [--guarantee at-least-once] [--coalesce]
 //! ```
 //!
-//! `--bootstrap-servers` defaults to `$KAFKA_BOOTSTRAP_SERVERS`. Runs until SIGTERM or SIGINT,
+//! `--bootstrap-servers` defaults to `$KAFKA_BOOTSTRAP_SERVERS`. `--client-properties FILE`
+//! reads librdkafka client properties (`key=value` lines: `security.protocol`, `sasl.*`, `ssl.*`,
+//! and `bootstrap.servers` if the flag and the variable are not given) for every client the
+//! application makes: a TLS and SASL cluster. Runs until SIGTERM or SIGINT,
 //! then commits, closes its stores, leaves the group and exits 0. Several copies with the same
 //! application id share the input's partitions.
 //!
@@ -30,14 +33,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use kstate::kstate_kafka::{RestoreListener, RestoreReport, RestoreStart};
+use kstate::kstate_kafka::{ClientProperties, RestoreListener, RestoreReport, RestoreStart};
 use kstate::kstate_task::{App, AppState, ProcessingGuarantee};
 
 #[path = "shared/count_by_key.rs"]
 mod count;
 
 struct Args {
-    bootstrap_servers: String,
+    /// The cluster and every client's properties (TLS and SASL settings among them).
+    client: ClientProperties,
     application_id: String,
     input: String,
     output: String,
@@ -51,12 +55,13 @@ struct Args {
 }
 
 const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC --output TOPIC \
-    [--bootstrap-servers HOST:PORT] [--state-dir PATH] [--threads N] [--commit-interval-ms N] \
+    [--bootstrap-servers HOST:PORT] [--client-properties FILE] [--state-dir PATH] [--threads N] [--commit-interval-ms N] \
     [--guarantee at-least-once|exactly-once] [--instance-id NAME] [--coalesce] \
     [--consumer-property KEY=VALUE]...";
 
 fn parse_args() -> Result<Args> {
     let mut bootstrap_servers = std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok();
+    let mut client_properties = None;
     let (mut application_id, mut input, mut output) = (None, None, None);
     let mut state_dir = None;
     let mut threads = 1;
@@ -76,6 +81,7 @@ fn parse_args() -> Result<Args> {
             .with_context(|| format!("{flag} needs a value; {USAGE}"))?;
         match flag.as_str() {
             "--bootstrap-servers" => bootstrap_servers = Some(value),
+            "--client-properties" => client_properties = Some(PathBuf::from(value)),
             "--application-id" => application_id = Some(value),
             "--input" => input = Some(value),
             "--output" => output = Some(value),
@@ -98,9 +104,23 @@ fn parse_args() -> Result<Args> {
     }
     let application_id =
         application_id.with_context(|| format!("--application-id is required; {USAGE}"))?;
+    // A properties file (`key=value` lines, librdkafka names: `security.protocol`, `sasl.*`,
+    // `ssl.*`) keeps secrets off the command line; its `bootstrap.servers` is overridden by
+    // --bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS.
+    let mut client = match client_properties {
+        Some(path) => ClientProperties::from_file(path)?,
+        None => ClientProperties::default(),
+    };
+    if let Some(servers) = bootstrap_servers {
+        client.insert("bootstrap.servers", servers);
+    }
+    if client.bootstrap_servers().is_empty() {
+        bail!(
+            "--bootstrap-servers, KAFKA_BOOTSTRAP_SERVERS or a --client-properties file with bootstrap.servers is required"
+        );
+    }
     Ok(Args {
-        bootstrap_servers: bootstrap_servers
-            .context("--bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS is required")?,
+        client,
         state_dir: state_dir.unwrap_or_else(|| std::env::temp_dir().join("kstate-count-by-key")),
         application_id,
         input: input.with_context(|| format!("--input is required; {USAGE}"))?,
@@ -150,7 +170,7 @@ fn main() -> Result<()> {
 async fn run(args: Args) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
 
-    let mut builder = App::builder(args.application_id.clone(), args.bootstrap_servers.clone());
+    let mut builder = App::builder(args.application_id.clone(), args.client.clone());
     builder
         .input(args.input.clone())
         .state_dir(args.state_dir.clone())

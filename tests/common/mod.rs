@@ -13,15 +13,29 @@ use kstate::kstate_kafka::{
     BatchRestored, ChangelogConfig, ClientProperties, RestoreListener, RestoreReport, RestoreStart,
 };
 
-/// A changelog config for `topic`, partition 0, on the test broker, with timeouts short enough
-/// for tests.
+/// Names a client properties file (librdkafka `key=value` lines, `bootstrap.servers` included)
+/// that [`client`] reads instead of using the test broker: how `scripts/test` runs the crash
+/// tests a second time over SASL_SSL (`scripts/kafka start --secure` prints such a file).
+pub const CLIENT_PROPERTIES_ENV: &str = "KSTATE_TEST_CLIENT_PROPERTIES";
+
+/// The client properties of the cluster the tests' stores use: [`CLIENT_PROPERTIES_ENV`]'s file
+/// when set, else the test broker's address.
+pub fn client() -> anyhow::Result<ClientProperties> {
+    match std::env::var_os(CLIENT_PROPERTIES_ENV) {
+        Some(path) if !path.is_empty() => Ok(ClientProperties::from_file(path)?),
+        _ => Ok(ClientProperties::new(
+            kstate_test_broker::bootstrap_servers()?,
+        )),
+    }
+}
+
+/// A changelog config for `topic`, partition 0, on the tests' cluster ([`client`]), with
+/// timeouts short enough for tests.
 pub fn changelog(topic: &str) -> anyhow::Result<ChangelogConfig> {
-    Ok(
-        ChangelogConfig::new(kstate_test_broker::bootstrap_servers()?, topic, 0)
-            .partitions(1)
-            .open_timeout(Duration::from_secs(30))
-            .delivery_timeout(Duration::from_secs(20)),
-    )
+    Ok(ChangelogConfig::new(client()?, topic, 0)
+        .partitions(1)
+        .open_timeout(Duration::from_secs(30))
+        .delivery_timeout(Duration::from_secs(20)))
 }
 
 /// Creates `topic` with `partitions` partitions and `cleanup.policy=policy` on the brokers at
@@ -43,16 +57,12 @@ pub async fn create_topic(
     Ok(())
 }
 
-/// Creates `topic` on the test broker: one partition, compacted, with `settings` on top (e.g. a
+/// Creates `topic` on the tests' cluster ([`client`]): one partition, compacted, with `settings` on top (e.g. a
 /// short `delete.retention.ms` for tests that need compaction to act quickly).
 pub async fn create_compacted_topic(topic: &str, settings: &[(&str, &str)]) -> anyhow::Result<()> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set(
-            "bootstrap.servers",
-            kstate_test_broker::bootstrap_servers()?,
-        )
-        .create()?;
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        client()?.client_config().create()?;
     let mut new =
         NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
     for (key, value) in settings {
@@ -68,14 +78,11 @@ pub async fn create_compacted_topic(topic: &str, settings: &[(&str, &str)]) -> a
 pub async fn delete_topic(topic: &str) -> anyhow::Result<()> {
     use rdkafka::admin::{AdminClient, AdminOptions};
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let servers = kstate_test_broker::bootstrap_servers()?;
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &servers)
-        .create()?;
+    let client = client()?;
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        client.client_config().create()?;
     admin.delete_topics(&[topic], &AdminOptions::new()).await?;
-    let probe: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &servers)
-        .create()?;
+    let probe: BaseConsumer = client.client_config().create()?;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let metadata = probe.fetch_metadata(None, Duration::from_secs(10))?;
@@ -132,25 +139,21 @@ pub fn fold_changelog(
     partition: i32,
     end: i64,
 ) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
-    fold_changelog_at(
-        &kstate_test_broker::bootstrap_servers()?,
-        topic,
-        partition,
-        end,
-    )
+    fold_changelog_at(client()?, topic, partition, end)
 }
 
-/// [`fold_changelog`] on the brokers at `servers`.
+/// [`fold_changelog`] on the cluster `client` names.
 pub fn fold_changelog_at(
-    servers: &str,
+    client: impl Into<ClientProperties>,
     topic: &str,
     partition: i32,
     end: i64,
 ) -> anyhow::Result<std::collections::BTreeMap<Vec<u8>, Vec<u8>>> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Message, Offset, TopicPartitionList};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", servers)
+    let consumer: BaseConsumer = client
+        .into()
+        .client_config()
         .set("group.id", "kstate-test-fold")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
@@ -193,14 +196,19 @@ pub fn fold_changelog_at(
 
 /// The high watermark of `topic`/`partition` (read_uncommitted: the real end of the log).
 pub fn high_watermark(topic: &str, partition: i32) -> anyhow::Result<i64> {
-    high_watermark_at(&kstate_test_broker::bootstrap_servers()?, topic, partition)
+    high_watermark_at(client()?, topic, partition)
 }
 
-/// [`high_watermark`] on the brokers at `servers`.
-pub fn high_watermark_at(servers: &str, topic: &str, partition: i32) -> anyhow::Result<i64> {
+/// [`high_watermark`] on the cluster `client` names.
+pub fn high_watermark_at(
+    client: impl Into<ClientProperties>,
+    topic: &str,
+    partition: i32,
+) -> anyhow::Result<i64> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", servers)
+    let consumer: BaseConsumer = client
+        .into()
+        .client_config()
         .set("isolation.level", "read_uncommitted")
         .create()?;
     Ok(consumer

@@ -13,6 +13,10 @@
 //!   records, outputs and input offsets in one Kafka transaction; overlays reach RocksDB only
 //!   after the commit, and an abort drops them.
 //! - topic management: the changelog topic is created compacted, and checked on every open.
+//! - secured clusters: every client starts from one [`ClientProperties`] (TLS and SASL settings
+//!   reach them all; secrets are redacted wherever a config or a client error is shown), and
+//!   first contact goes through a [`ConnectionWatch`], so that a wrong password or an untrusted
+//!   certificate fails an open at once instead of at its timeout.
 
 #![deny(unsafe_code)]
 // `ChangelogError` carries the topic, partition and client error of every failure, which makes it
