@@ -10,7 +10,19 @@
 //! e2e measure  --output T --partitions P --rows N --expect records|counts [--json PATH]
 //! e2e wait     --output T --records N [--group G --input T] [--timeout-s S]
 //! e2e failover --input T --output T --kill PID [--timeout-s S] [--json PATH]
+//! e2e paced    --input T --output T --rows N --rate R [--warmup W] [--keys K] [--json PATH]
+//! e2e delete-topics --topics T1,T2,...
 //! ```
+//!
+//! Every command also takes `--client-properties FILE`: librdkafka properties, one `key=value`
+//! a line (`kstate_kafka::ClientProperties::from_file`), for a secured broker, e.g. the
+//! `sasl_ssl.properties` that `scripts/kafka start --secure` prints. Every Kafka client the
+//! command creates starts from them: the application (`kstate`: its consumers, producers,
+//! restore and admin clients), the pipe's clients, and the clients that write the input and
+//! read the outputs back, so that everything goes through the same listener with the same
+//! security. The broker is the file's `bootstrap.servers`; `--bootstrap-servers` replaces it,
+//! and `KAFKA_BOOTSTRAP_SERVERS` is used only when neither gives one. The properties are printed
+//! with their secrets redacted, never the password.
 //!
 //! - `setup` fills a fresh input topic: N records with 16-byte values, keys drawn uniformly from
 //!   K (seeded; default 10,000) or, with `--unique`, the keys `0..N` once each; keys are B bytes
@@ -53,30 +65,46 @@
 //!   wait for the commit), and `failover seconds=<s>` for the slowest append: the time until the
 //!   survivor (or the restarted copy) has processed a record of every partition that moved to
 //!   it, group detection and restore included.
-//!
-//! Needs `--bootstrap-servers` or `KAFKA_BOOTSTRAP_SERVERS`.
+//! - `paced` measures latency, while the application runs (started before, on an empty input
+//!   topic created with `e2e output`, so that the input records carry the broker's append time
+//!   too, and with `--rows N`). It writes W warm-up records (default 10,000) at once and waits
+//!   until their outputs are back (the application is up, has joined its group and caught up),
+//!   then writes the remaining N - W records at R records/s (librdkafka, linger 5 ms; keys like
+//!   `setup`'s). A read_committed consumer reads the output meanwhile. Each output (key, count
+//!   n) belongs to the n-th input record with that key (count-by-key, caching off: one output
+//!   per input, a key's records all in one partition). Per paced record it takes two latencies,
+//!   both on the broker's clock (the broker runs on this machine): `append`, from the input
+//!   record's append to its output's append; `visible`, from the input's append until the
+//!   reader got the output (under exactly-once this includes the wait for the transaction's
+//!   commit, which `append` does not). Prints `e2e latency ... append_p50_ms=.. visible_..`.
+//! - `delete-topics` deletes the named topics (missing ones are fine).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::{Context as _, Result, bail, ensure};
+use kstate::kstate_kafka::ClientProperties;
 use kstate::kstate_task::{App, ProcessingGuarantee};
 use kstate_bench::flags::Flags;
 use kstate_bench::kafka::{
-    LOG_APPEND_TIME, Settled, append_time, create_topic, partition_count, producer, send,
+    LOG_APPEND_TIME, Settled, append_time, create_client, create_topic, delete_topics,
+    partition_count, producer, send,
 };
+use kstate_bench::latency::{Latency, LatencySummary};
 use kstate_bench::report::{per_second, write_json};
 use kstate_bench::workload::wide_key;
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 #[path = "shared/count_by_key.rs"]
 mod count;
 
-const COMMANDS: &str = "setup|output|kstate|pipe|measure|wait|failover";
+const COMMANDS: &str = "setup|output|kstate|pipe|measure|wait|failover|paced|delete-topics";
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
@@ -84,41 +112,64 @@ fn main() -> Result<()> {
         .next()
         .with_context(|| format!("usage: e2e {COMMANDS} ..."))?;
     let flags = Flags::parse(args)?;
-    let servers = match flags.optional("bootstrap-servers") {
-        Some(s) => s.to_string(),
-        None => std::env::var("KAFKA_BOOTSTRAP_SERVERS")
-            .context("--bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS is required")?,
-    };
+    let client = client_properties(&flags)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     match command.as_str() {
-        "setup" => runtime.block_on(setup(&servers, &flags)),
+        "setup" => runtime.block_on(setup(&client, &flags)),
         "output" => Ok(runtime.block_on(create_topic(
-            &servers,
+            client,
             &flags.get("topic")?,
             flags.number("partitions", None)?,
             LOG_APPEND_TIME,
         ))?),
-        "kstate" => run_kstate(&servers, &flags),
-        "pipe" => runtime.block_on(pipe(&servers, &flags)),
-        "measure" => measure(&servers, &flags),
-        "wait" => wait(&servers, &flags),
-        "failover" => failover(&servers, &flags),
+        "kstate" => run_kstate(&client, &flags),
+        "pipe" => runtime.block_on(pipe(&client, &flags)),
+        "measure" => measure(&client, &flags),
+        "wait" => wait(&client, &flags),
+        "failover" => failover(&client, &flags),
+        "paced" => paced(&client, &flags),
+        "delete-topics" => {
+            let topics = flags.get("topics")?;
+            let topics: Vec<&str> = topics.split(',').filter(|t| !t.is_empty()).collect();
+            Ok(runtime.block_on(delete_topics(client, &topics))?)
+        }
         other => bail!("unknown command {other}: {COMMANDS}"),
     }
 }
 
+/// The cluster and its security (see the module docs): `--client-properties FILE`, whose
+/// `bootstrap.servers` `--bootstrap-servers` replaces; `KAFKA_BOOTSTRAP_SERVERS` when neither
+/// names the brokers.
+fn client_properties(flags: &Flags) -> Result<ClientProperties> {
+    let mut client = match flags.optional("client-properties") {
+        Some(path) => ClientProperties::from_file(path)?,
+        None => ClientProperties::default(),
+    };
+    if let Some(servers) = flags.optional("bootstrap-servers") {
+        client.insert("bootstrap.servers", servers);
+    } else if client.bootstrap_servers().is_empty() {
+        let servers = std::env::var("KAFKA_BOOTSTRAP_SERVERS").context(
+            "--bootstrap-servers, a --client-properties file with bootstrap.servers, or \
+             KAFKA_BOOTSTRAP_SERVERS is required",
+        )?;
+        client.insert("bootstrap.servers", servers);
+    }
+    Ok(client)
+}
+
 /// A fresh input topic with `rows` records (see the module docs).
-async fn setup(servers: &str, flags: &Flags) -> Result<()> {
+async fn setup(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let input = flags.get("input")?;
     let partitions: i32 = flags.number("partitions", None)?;
     let rows: u64 = flags.number("rows", None)?;
     let keys: u64 = flags.number("keys", Some(10_000))?;
     let unique = flags.switch("unique");
     let key_bytes: usize = flags.number("key-bytes", Some(8))?;
-    create_topic(servers, &input, partitions, &[]).await?;
-    let producer = producer(servers, 5, DefaultProducerContext)?;
+    eprintln!("e2e setup: cluster {client}");
+    create_topic(client.clone(), &input, partitions, &[]).await?;
+    let producer = producer(client.clone(), 5, DefaultProducerContext)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(543);
     let started = Instant::now();
     for i in 0..rows {
@@ -146,7 +197,7 @@ async fn setup(servers: &str, flags: &Flags) -> Result<()> {
     Ok(())
 }
 
-fn run_kstate(servers: &str, flags: &Flags) -> Result<()> {
+fn run_kstate(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
     let coalesce = flags.switch("coalesce");
     let guarantee = match flags.optional("guarantee") {
@@ -154,7 +205,8 @@ fn run_kstate(servers: &str, flags: &Flags) -> Result<()> {
         None => ProcessingGuarantee::default(),
     };
     let state_dir = tempfile::tempdir()?;
-    let mut builder = App::builder(flags.get("application-id")?, servers);
+    eprintln!("e2e kstate: cluster {client}");
+    let mut builder = App::builder(flags.get("application-id")?, client.clone());
     builder
         .input(flags.get("input")?)
         .state_dir(state_dir.path())
@@ -191,29 +243,32 @@ fn run_kstate(servers: &str, flags: &Flags) -> Result<()> {
 }
 
 /// The bare pipe: consume one, produce two, commit every 100 ms once everything is acknowledged.
-async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
+async fn pipe(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
     let input = flags.get("input")?;
     let output = flags.get("output")?;
     let app = flags.get("application-id")?;
     let shadow = format!("{app}-shadow-changelog");
-    let partitions = partition_count(servers, &input)?;
+    let partitions = partition_count(client.clone(), &input)?;
     create_topic(
-        servers,
+        client.clone(),
         &shadow,
         partitions,
         &[("cleanup.policy", "compact")],
     )
     .await?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .set("group.id", &app)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()?;
+    let consumer: BaseConsumer = create_client(
+        client,
+        &[
+            ("group.id", app.as_str()),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("auto.offset.reset", "earliest"),
+        ],
+        "pipe consumer",
+    )?;
     consumer.subscribe(&[&input])?;
-    let producer = producer(servers, 1, Settled::default())?;
+    let producer = producer(client.clone(), 1, Settled::default())?;
     let mut sent = 0u64;
     let mut offsets: BTreeMap<i32, i64> = BTreeMap::new();
     let mut next_commit = Instant::now() + Duration::from_millis(100);
@@ -265,13 +320,16 @@ async fn pipe(servers: &str, flags: &Flags) -> Result<()> {
 
 /// A consumer outside any application's group, for reading outputs back: committed records
 /// only (librdkafka's default, stated here because `measure` depends on it).
-fn reader(servers: &str) -> Result<BaseConsumer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .set("group.id", "kstate-e2e-measure")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()?)
+fn reader(client: &ClientProperties) -> Result<BaseConsumer> {
+    Ok(create_client(
+        client,
+        &[
+            ("group.id", "kstate-e2e-measure"),
+            ("enable.auto.commit", "false"),
+            ("isolation.level", "read_committed"),
+        ],
+        "reader",
+    )?)
 }
 
 /// What `measure --json` writes.
@@ -291,12 +349,12 @@ struct MeasureResult {
 const MEASURE_STALL: Duration = Duration::from_secs(30);
 
 /// Reads the output back; prints `e2e ... records_per_sec=<r>` over first-to-last append time.
-fn measure(servers: &str, flags: &Flags) -> Result<()> {
+fn measure(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let output = flags.get("output")?;
     let partitions: i32 = flags.number("partitions", None)?;
     let rows: u64 = flags.number("rows", None)?;
     let expect = flags.get("expect")?;
-    let consumer = reader(servers)?;
+    let consumer = reader(client)?;
     let mut tpl = TopicPartitionList::new();
     let mut ends = BTreeMap::new();
     for p in 0..partitions {
@@ -407,25 +465,25 @@ fn measure(servers: &str, flags: &Flags) -> Result<()> {
 
 /// Waits until the output topic holds `--records` records and, with `--group`, until that
 /// group's committed offsets reach `--input`'s end offsets.
-fn wait(servers: &str, flags: &Flags) -> Result<()> {
+fn wait(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let output = flags.get("output")?;
     let records: i64 = flags.number("records", None)?;
     let timeout = Duration::from_secs(flags.number("timeout-s", Some(1800))?);
-    let partitions = partition_count(servers, &output)?;
+    let partitions = partition_count(client.clone(), &output)?;
     ensure!(partitions > 0, "{output} does not exist");
-    let consumer = reader(servers)?;
+    let consumer = reader(client)?;
     // The group's committed offsets, read by a consumer that names the group but never joins it
     // (no subscribe): OffsetFetch only.
     let group = match flags.optional("group") {
         Some(group) => {
             let input = flags.get("input")?;
-            let input_partitions = partition_count(servers, &input)?;
+            let input_partitions = partition_count(client.clone(), &input)?;
             ensure!(input_partitions > 0, "{input} does not exist");
-            let offsets: BaseConsumer = ClientConfig::new()
-                .set("bootstrap.servers", servers)
-                .set("group.id", group)
-                .set("enable.auto.commit", "false")
-                .create()?;
+            let offsets: BaseConsumer = create_client(
+                client,
+                &[("group.id", group), ("enable.auto.commit", "false")],
+                "offsets client",
+            )?;
             Some((group.to_string(), input, input_partitions, offsets))
         }
         None => None,
@@ -530,20 +588,20 @@ struct FailoverResult {
 }
 
 /// SIGKILLs `--kill`, then times each partition's marker until its output appears.
-fn failover(servers: &str, flags: &Flags) -> Result<()> {
+fn failover(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let input = flags.get("input")?;
     let output = flags.get("output")?;
     let pid: u32 = flags.number("kill", None)?;
     let timeout = Duration::from_secs(flags.number("timeout-s", Some(600))?);
-    let partitions = partition_count(servers, &input)?;
+    let partitions = partition_count(client.clone(), &input)?;
     ensure!(partitions > 0, "{input} does not exist");
-    let consumer = reader(servers)?;
+    let consumer = reader(client)?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         let (_, high) = consumer.fetch_watermarks(&output, p, Duration::from_secs(30))?;
         tpl.add_partition_offset(&output, p, Offset::Offset(high))?;
     }
-    let producer = producer(servers, 0, Settled::default())?;
+    let producer = producer(client.clone(), 0, Settled::default())?;
     let killed = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()
@@ -610,4 +668,288 @@ fn failover(servers: &str, flags: &Flags) -> Result<()> {
         write_json(path.as_ref(), &result)?;
     }
     Ok(())
+}
+
+/// What `paced --json` writes.
+#[derive(serde::Serialize)]
+struct PacedResult {
+    input: String,
+    output: String,
+    rows: u64,
+    warmup: u64,
+    /// The rate asked for, records/s.
+    rate: f64,
+    /// The rate the paced records reached the input at (first to last append), records/s.
+    input_rate: f64,
+    /// Input append to output append, per paced record.
+    append: LatencySummary,
+    /// Input append until the read_committed reader got the output, per paced record.
+    visible: LatencySummary,
+    /// Per second of input append time since the first paced record: (second, records, visible
+    /// p50 ms, visible max ms). A latency that grows second after second is a system that does
+    /// not keep up with the rate; a flat one with spikes is one that does.
+    per_second: Vec<(u64, u64, f64, f64)>,
+}
+
+/// A timestamp on the machine's wall clock (the broker's clock too: it runs here), ms.
+fn now_ms() -> Result<i64> {
+    Ok(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64)
+}
+
+/// An output as the reader got it: the broker's append time and when the reader had it, ms.
+#[derive(Clone, Copy)]
+struct Seen {
+    appended: i64,
+    visible: i64,
+}
+
+/// How long `paced` waits for a new output before it gives up (the application died or hangs).
+const PACED_STALL: Duration = Duration::from_secs(90);
+
+/// Sets the flag when dropped: stops the paced writer whichever way `paced` returns.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Warm-up, then `rate` records/s into the input while reading the output (see the module docs).
+fn paced(client: &ClientProperties, flags: &Flags) -> Result<()> {
+    let input = flags.get("input")?;
+    let output = flags.get("output")?;
+    let rows: u64 = flags.number("rows", None)?;
+    let rate: f64 = flags.number("rate", None)?;
+    let warmup: u64 = flags.number("warmup", Some(10_000))?;
+    let keys: u64 = flags.number("keys", Some(10_000))?;
+    ensure!(rate > 0.0, "--rate must be positive");
+    ensure!(warmup > 0 && warmup < rows, "--warmup must be in 1..{rows}");
+    let partitions = partition_count(client.clone(), &input)?;
+    ensure!(partitions > 0, "{input} does not exist");
+    let output_partitions = partition_count(client.clone(), &output)?;
+    ensure!(output_partitions > 0, "{output} does not exist");
+    eprintln!(
+        "e2e paced: {warmup} warm-up records, then {} at {rate} records/s into {input}; cluster \
+         {client}",
+        rows - warmup
+    );
+
+    // The reader, assigned before anything is written.
+    let consumer = reader(client)?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..output_partitions {
+        tpl.add_partition_offset(&output, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let producer = producer(client.clone(), 5, Settled::default())?;
+
+    let (warm, stop) = (AtomicBool::new(false), AtomicBool::new(false));
+    let mut outputs: HashMap<(Vec<u8>, u64), Seen> = HashMap::new();
+    let paced_rows = rows - warmup;
+    let write = || -> Result<f64> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(543);
+        let mut write_one = |value: &[u8]| {
+            let key = wide_key(rng.random_range(0..keys), 8);
+            let partition = kstate::kstate_task::partition_for(&key, partitions);
+            send(
+                &producer,
+                BaseRecord::to(&input)
+                    .partition(partition)
+                    .key(&key[..])
+                    .payload(value),
+            );
+        };
+        for _ in 0..warmup {
+            write_one(&[b'w'; 16]);
+        }
+        while !warm.load(Ordering::Acquire) {
+            ensure!(!stop.load(Ordering::Acquire), "stopped during the warm-up");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let started = Instant::now();
+        let mut sent = 0u64;
+        while sent < paced_rows {
+            ensure!(
+                !stop.load(Ordering::Acquire),
+                "stopped after {sent} paced records"
+            );
+            let due = ((started.elapsed().as_secs_f64() * rate) as u64).min(paced_rows);
+            while sent < due {
+                write_one(&[b'p'; 16]);
+                sent += 1;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        producer
+            .context()
+            .wait_for(rows, Duration::from_secs(60))
+            .context("paced input")?;
+        Ok(seconds)
+    };
+    let read = |outputs: &mut HashMap<(Vec<u8>, u64), Seen>| -> Result<()> {
+        let _stop = StopOnDrop(&stop);
+        let mut last_new = Instant::now();
+        while (outputs.len() as u64) < rows {
+            if outputs.len() as u64 >= warmup && !warm.load(Ordering::Acquire) {
+                eprintln!("e2e paced: the warm-up's {warmup} outputs are back; pacing");
+                warm.store(true, Ordering::Release);
+            }
+            ensure!(
+                last_new.elapsed() < PACED_STALL,
+                "{output}: no new output for {PACED_STALL:?}; {} of {rows} outputs read",
+                outputs.len()
+            );
+            let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+                continue;
+            };
+            let m = message?;
+            let visible = now_ms()?;
+            let count = m
+                .payload()
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|s| s.parse::<u64>().ok())
+                .with_context(|| format!("{output}: an output that is not a count"))?;
+            let key = m.key().unwrap_or_default().to_vec();
+            let appended = append_time(&m)?;
+            // At-least-once may deliver an output twice: the first one counts.
+            if let std::collections::hash_map::Entry::Vacant(e) = outputs.entry((key, count)) {
+                e.insert(Seen { appended, visible });
+                last_new = Instant::now();
+            }
+        }
+        Ok(())
+    };
+    let paced_seconds = std::thread::scope(|scope| -> Result<f64> {
+        let writer = scope.spawn(write);
+        let read_result = read(&mut outputs);
+        let written = writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the paced writer panicked"))?;
+        read_result?;
+        written
+    })?;
+
+    // The input back, with its append times: per key, its records in order.
+    let inputs = read_all(client, &input, partitions)?;
+    let (mut append, mut visible) = (Latency::new(), Latency::new());
+    let (mut first_paced, mut last_paced) = (i64::MAX, i64::MIN);
+    let mut by_second: BTreeMap<i64, Latency> = BTreeMap::new();
+    for ((key, count), seen) in &outputs {
+        let Some(&(input_appended, warm_up)) = inputs
+            .get(key)
+            .and_then(|records| records.get((*count as usize).wrapping_sub(1)))
+        else {
+            bail!("{output}: an output with count {count} has no such input record");
+        };
+        if warm_up {
+            continue;
+        }
+        (first_paced, last_paced) = (
+            first_paced.min(input_appended),
+            last_paced.max(input_appended),
+        );
+        let ms = |to: i64| Duration::from_millis((to - input_appended).max(0) as u64);
+        append.record(ms(seen.appended));
+        visible.record(ms(seen.visible));
+        by_second
+            .entry(input_appended / 1000)
+            .or_default()
+            .record(ms(seen.visible));
+    }
+    let first_second = by_second.keys().next().copied().unwrap_or_default();
+    let per_second_latency = by_second
+        .iter()
+        .map(|(second, latency)| {
+            let summary = latency.summary();
+            (
+                (second - first_second) as u64,
+                summary.calls,
+                summary.p50_us / 1e3,
+                summary.max_us / 1e3,
+            )
+        })
+        .collect();
+    ensure!(
+        append.calls() == paced_rows,
+        "{} paced outputs matched, {paced_rows} paced inputs",
+        append.calls()
+    );
+    let result = PacedResult {
+        input,
+        output,
+        rows,
+        warmup,
+        rate,
+        input_rate: per_second(paced_rows, (last_paced - first_paced).max(1) as f64),
+        append: append.summary(),
+        visible: visible.summary(),
+        per_second: per_second_latency,
+    };
+    let ms = |us: f64| us / 1e3;
+    println!(
+        "e2e latency output={} paced={paced_rows} rate={:.0} input_rate={:.0} written_s={:.1} \
+         append_p50_ms={:.0} append_p99_ms={:.0} append_p999_ms={:.0} append_max_ms={:.0} \
+         visible_p50_ms={:.0} visible_p99_ms={:.0} visible_p999_ms={:.0} visible_max_ms={:.0}",
+        result.output,
+        result.rate,
+        result.input_rate,
+        paced_seconds,
+        ms(result.append.p50_us),
+        ms(result.append.p99_us),
+        ms(result.append.p999_us),
+        ms(result.append.max_us),
+        ms(result.visible.p50_us),
+        ms(result.visible.p99_us),
+        ms(result.visible.p999_us),
+        ms(result.visible.max_us),
+    );
+    if let Some(path) = flags.optional("json") {
+        write_json(path.as_ref(), &result)?;
+    }
+    Ok(())
+}
+
+/// Per key, its input records in offset order: (append time, written during the warm-up).
+type InputsByKey = HashMap<Vec<u8>, Vec<(i64, bool)>>;
+
+/// Every record of `topic` up to its current end, by key. A key's records are all in one
+/// partition, so the order of arrival is their order.
+fn read_all(client: &ClientProperties, topic: &str, partitions: i32) -> Result<InputsByKey> {
+    let consumer = reader(client)?;
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for p in 0..partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(30))?;
+        if high > low {
+            ends.insert(p, high);
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+        }
+    }
+    consumer.assign(&tpl)?;
+    let mut records = InputsByKey::new();
+    let started = Instant::now();
+    while !ends.is_empty() {
+        ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "reading {topic} back took more than 5 minutes"
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let m = message?;
+        let warm_up = m.payload().and_then(|v| v.first()) == Some(&b'w');
+        records
+            .entry(m.key().unwrap_or_default().to_vec())
+            .or_default()
+            .push((append_time(&m)?, warm_up));
+        if ends
+            .get(&m.partition())
+            .is_some_and(|end| m.offset() + 1 >= *end)
+        {
+            ends.remove(&m.partition());
+        }
+    }
+    Ok(records)
 }

@@ -22,7 +22,12 @@
 #      all the state (about 2 GB) and restarted at once on the same state dir; seconds until it
 #      has processed a record of every partition again (Kafka Streams under exactly_once_v2
 #      wipes and restores its stores in full, kstate replays the changelog's tail);
-#   7. the last lines compare the rates:
+#   7. latency (LATENCY_*): an empty LogAppendTime input, each system's count-by-key started on it
+#      (caching off; at-least-once, then exactly-once), then `e2e paced` writes LATENCY_WARMUP
+#      records at once, waits for their outputs, and writes the rest of LATENCY_ROWS at
+#      LATENCY_RATE records/s while reading the output (read_committed); per paced record the
+#      time from the input's append to the output's append and to when the reader had it;
+#   8. the last lines compare the rates:
 #        restore kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        puts kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-alos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
@@ -32,11 +37,22 @@
 #        e2e-eos-overhead kstate-alos=<r>/s kstate-eos=<r>/s eos/alos=<kstate-eos/kstate-alos>
 #        failover kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
 #        recovery-eos kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
+#        latency-alos kafka-streams=<p50>/<p99>/<p99.9>ms kstate=<p50>/<p99>/<p99.9>ms (visible)
+#        latency-eos  kafka-streams=... kstate=...
 #      (e2e-eos-overhead: kstate's exactly-once rate against its at-least-once, caching off, rate
 #      of the same run, i.e. e2e-alos's kstate number).
 #
 # ROWS: the first argument, else $ROWS, else 1000000.
 # Environment:
+#   CLIENT_PROPERTIES        a librdkafka properties file (key=value lines: bootstrap.servers,
+#                            security.protocol, sasl.mechanisms, sasl.username, sasl.password,
+#                            ssl.ca.location, ...), e.g. the sasl_ssl.properties that
+#                            `scripts/kafka start --secure` prints: its bootstrap.servers is the
+#                            broker, and it goes to every client of both systems (e2e
+#                            --client-properties, the jar's --client-properties, which translates
+#                            it to the Java clients' names). Only for ONLY=e2e, eos and latency
+#                            (rows_per_second and failover.sh take no client properties). The
+#                            password is never printed, and the file is not copied.
 #   KAFKA_BOOTSTRAP_SERVERS  use this broker; otherwise scripts/kafka start (stopped at the end
 #                            only if this script started it)
 #   KSTATE_ROWS_PER_SECOND   kstate's example binary (default
@@ -49,7 +65,12 @@
 #   ONLY=eos                 only the exactly-once end-to-end pair and kstate's at-least-once
 #                            run (caching off) for the overhead line: prints e2e-eos and
 #                            e2e-eos-overhead only
-#                            (default ONLY=all: everything)
+#   ONLY=latency             only the latency runs (7.)
+#                            (default ONLY=all: everything; parts can be combined with commas,
+#                            e.g. ONLY=e2e,latency)
+#   LATENCY_ROWS             records per latency run, warm-up included (default 250000)
+#   LATENCY_RATE             the paced records' rate, records/s (default 10000)
+#   LATENCY_WARMUP           warm-up records (default 50000: enough for the JVM's JIT too)
 #   FAILOVER_*, SESSION_TIMEOUT_MS, HEARTBEAT_MS
 #                            the failover's and the recovery's settings (see failover.sh;
 #                            FAILOVER_MODE is set by this script: takeover for 5., restart
@@ -69,6 +90,9 @@ E2E_BIN=${KSTATE_E2E:-$(dirname "$KSTATE_BIN")/e2e}
 E2E_ROWS=${E2E_ROWS:-$ROWS}
 E2E_PARTITIONS=${E2E_PARTITIONS:-4}
 ONLY=${ONLY:-all}
+LATENCY_ROWS=${LATENCY_ROWS:-250000}
+LATENCY_RATE=${LATENCY_RATE:-10000}
+LATENCY_WARMUP=${LATENCY_WARMUP:-50000}
 STORE=store
 APP=kstate-vs-ks-$(date +%s)-$$
 CHANGELOG=$APP-$STORE-changelog
@@ -77,6 +101,33 @@ DELETE_TOPICS=(--delete-topics)
 [[ ${KEEP_TOPICS:-0} == 0 ]] || DELETE_TOPICS=()
 
 [[ $ROWS =~ ^[1-9][0-9]*$ ]] || die "ROWS must be a positive whole number (got '$ROWS')"
+
+# The parts ONLY asks for (comma-separated): base (a.-c.), e2e, eos, failover, recovery, latency.
+want_base=0 want_e2e=0 want_eos=0 want_failover=0 want_recovery=0 want_latency=0
+IFS=, read -r -a only_parts <<<"$ONLY"
+for part in "${only_parts[@]}"; do
+    case $part in
+        all) want_base=1 want_e2e=1 want_failover=1 want_recovery=1 want_latency=1 ;;
+        e2e) want_e2e=1 ;;
+        eos) want_eos=1 ;;
+        failover) want_failover=1 ;;
+        recovery) want_recovery=1 ;;
+        latency) want_latency=1 ;;
+        *) die "ONLY=$ONLY: all, e2e, eos, failover, recovery or latency (or several, comma-separated)" ;;
+    esac
+done
+# The e2e part includes the exactly-once pair.
+[[ $want_e2e == 0 ]] || want_eos=1
+if [[ -n ${CLIENT_PROPERTIES:-} && $want_base$want_failover$want_recovery != 000 ]]; then
+    die "CLIENT_PROPERTIES works with ONLY=e2e, eos and latency only (rows_per_second and failover.sh take no client properties)"
+fi
+# The client properties for every client of both systems.
+E2E_CLIENT=()
+KS_CLIENT=()
+if [[ -n ${CLIENT_PROPERTIES:-} ]]; then
+    E2E_CLIENT=(--client-properties "$CLIENT_PROPERTIES")
+    KS_CLIENT=(--client-properties "$CLIENT_PROPERTIES")
+fi
 
 if [[ ! -x $KSTATE_BIN || ! -x $E2E_BIN ]]; then
     cat >&2 <<EOF
@@ -96,7 +147,7 @@ mkdir -p "$LOG_DIR"
 ensure_jar "$LOG_DIR/mvn.log"
 trap stop_started_broker EXIT
 broker_up
-log "broker $BOOTSTRAP; rows $ROWS; app $APP; raw outputs in $LOG_DIR"
+log "broker $BOOTSTRAP${CLIENT_PROPERTIES:+ (client properties $CLIENT_PROPERTIES)}; rows $ROWS; app $APP; raw outputs in $LOG_DIR"
 
 # field FILE SED_EXPRESSION WHAT: the one value the expression captures, or die.
 field() {
@@ -109,9 +160,15 @@ field() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 rate() { awk -v n="$1" -v ms="$2" 'BEGIN { printf "%.0f", n / (ms / 1000) }'; }
 
-[[ $ONLY == all || $ONLY == e2e || $ONLY == eos || $ONLY == failover || $ONLY == recovery ]] ||
-    die "ONLY=$ONLY: all, e2e, eos, failover or recovery"
-if [[ $ONLY == all ]]; then
+# Every e2e command, with the client properties.
+e2e() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$E2E_BIN" "$@" "${E2E_CLIENT[@]}"; }
+# Deletes topics through the e2e binary (the same client properties as everything else).
+delete_topics() {
+    local IFS=,
+    e2e delete-topics --topics "$*" >/dev/null 2>&1 || log "could not delete topics $*"
+}
+
+if [[ $want_base == 1 ]]; then
 # ------------------------------------------------------------------ a. kstate
 
 log "a. kstate: rows_per_second --configs logged-group --rows $ROWS --restore-topic $CHANGELOG"
@@ -157,10 +214,9 @@ touch_lease
 
 fi
 
-if [[ $ONLY != failover && $ONLY != recovery ]]; then
+if [[ $want_eos == 1 ]]; then
 # ------------------------------------------------------------------ d. end to end
 
-e2e() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$E2E_BIN" "$@"; }
 e2e_rate() {
     field "$1" 's/^e2e output=.* records_per_sec=\([0-9]*\)$/\1/p' "e2e measure line"
 }
@@ -185,18 +241,18 @@ e2e_run() {
 }
 ks_e2e() {
     java "${JAVA_OPTS[@]}" -jar "$JAR" e2e --bootstrap "$BOOTSTRAP" --input "$E2E_IN" \
-        --rows "$E2E_ROWS" "$@"
+        --rows "$E2E_ROWS" "${KS_CLIENT[@]}" "$@"
 }
 kstate_e2e() {
     local name=$1
     shift
     e2e kstate --input "$E2E_IN" --rows "$E2E_ROWS" --application-id "$APP-$name" "$@"
 }
-if [[ $ONLY != eos ]]; then
+if [[ $want_e2e == 1 ]]; then
     e2e_run ks-uncached records ks_e2e --application-id "$APP-ks-uncached" --caching off
 fi
 e2e_run kstate-uncached records kstate_e2e kstate-uncached
-if [[ $ONLY != eos ]]; then
+if [[ $want_e2e == 1 ]]; then
     e2e_run ks-cached counts ks_e2e --application-id "$APP-ks-cached" --caching on
     e2e_run kstate-cached counts kstate_e2e kstate-cached --coalesce
     e2e_run pipe records e2e pipe --input "$E2E_IN" --rows "$E2E_ROWS" --application-id "$APP-pipe"
@@ -217,18 +273,62 @@ if [[ ${KEEP_TOPICS:-0} == 0 ]]; then
     for name in "${e2e_ran[@]}"; do
         e2e_topics+=("$APP-$name-out" "$APP-$name-counts-changelog")
     done
-    for topic in "${e2e_topics[@]}"; do
-        "$KAFKA_SCRIPT" run-class org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" \
-            --delete --if-exists --topic "$topic" >/dev/null 2>&1 || log "could not delete $topic"
-    done
+    delete_topics "${e2e_topics[@]}"
 fi
 
+fi
+
+# ------------------------------------------------------------------ latency
+
+latency_alos=
+latency_eos=
+if [[ $want_latency == 1 ]]; then
+    # latency_run NAME COMMAND...: a fresh LogAppendTime input $APP-NAME-in and output
+    # $APP-NAME-out; COMMAND (given --input, --output, --rows) in the background, `e2e paced` in
+    # the foreground (its line in $LOG_DIR/NAME.latency), then waits for COMMAND to finish.
+    latency_topics=()
+    latency_run() {
+        local name=$1
+        shift
+        local in=$APP-$name-in out=$APP-$name-out pid
+        latency_topics+=("$in" "$out" "$APP-$name-counts-changelog")
+        e2e output --topic "$in" --partitions "$E2E_PARTITIONS"
+        e2e output --topic "$out" --partitions "$E2E_PARTITIONS"
+        log "latency: $name ($LATENCY_ROWS records, $LATENCY_WARMUP of them warm-up, then $LATENCY_RATE/s)"
+        "$@" --input "$in" --output "$out" --rows "$LATENCY_ROWS" >"$LOG_DIR/$name.log" 2>&1 &
+        pid=$!
+        if ! e2e paced --input "$in" --output "$out" --rows "$LATENCY_ROWS" --rate "$LATENCY_RATE" \
+            --warmup "$LATENCY_WARMUP" --json "$LOG_DIR/$name.latency.json" | tee "$LOG_DIR/$name.latency"; then
+            kill "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+            tail -n 20 "$LOG_DIR/$name.log" >&2
+            die "latency run $name failed (log: $LOG_DIR/$name.log)"
+        fi
+        wait "$pid" || die "$name failed after its latency run (log: $LOG_DIR/$name.log)"
+        touch_lease
+    }
+    # Run in the background only: `exec` makes $! the application's own pid, so that a failed
+    # run can stop it.
+    exec_ks_app() { exec java "${JAVA_OPTS[@]}" -jar "$JAR" e2e --bootstrap "$BOOTSTRAP" "${KS_CLIENT[@]}" "$@"; }
+    exec_kstate_app() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP exec "$E2E_BIN" kstate "$@" "${E2E_CLIENT[@]}"; }
+    latency_run ks-lat-alos exec_ks_app --application-id "$APP-ks-lat-alos" --caching off
+    latency_run kstate-lat-alos exec_kstate_app --application-id "$APP-kstate-lat-alos"
+    latency_run ks-lat-eos exec_ks_app --application-id "$APP-ks-lat-eos" --caching off --guarantee exactly-once
+    latency_run kstate-lat-eos exec_kstate_app --application-id "$APP-kstate-lat-eos" --guarantee exactly-once
+    # p50/p99/p99.9 of the visible latency (input append until the reader had the output).
+    visible() {
+        field "$1" 's/^e2e latency .* visible_p50_ms=\([0-9]*\) visible_p99_ms=\([0-9]*\) visible_p999_ms=\([0-9]*\) .*/\1\/\2\/\3/p' \
+            "e2e latency line"
+    }
+    latency_alos="kafka-streams=$(visible "$LOG_DIR/ks-lat-alos.latency")ms kstate=$(visible "$LOG_DIR/kstate-lat-alos.latency")ms"
+    latency_eos="kafka-streams=$(visible "$LOG_DIR/ks-lat-eos.latency")ms kstate=$(visible "$LOG_DIR/kstate-lat-eos.latency")ms"
+    [[ ${KEEP_TOPICS:-0} != 0 ]] || delete_topics "${latency_topics[@]}"
 fi
 
 # ------------------------------------------------------------------ e. the failover
 
 failover_line=
-if [[ $ONLY == all || $ONLY == failover ]]; then
+if [[ $want_failover == 1 ]]; then
     log "e. failover (failover.sh; logs in $LOG_DIR/failover)"
     KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/failover \
         FAILOVER_MODE=takeover "$HERE/failover.sh" | tee "$LOG_DIR/failover.out"
@@ -240,7 +340,7 @@ fi
 # ------------------------------------------------------------------ f. the recovery, exactly-once
 
 recovery_line=
-if [[ $ONLY == all || $ONLY == recovery ]]; then
+if [[ $want_recovery == 1 ]]; then
     log "f. recovery under exactly-once (failover.sh, FAILOVER_MODE=restart; logs in $LOG_DIR/recovery)"
     KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/recovery \
         FAILOVER_MODE=restart "$HERE/failover.sh" | tee "$LOG_DIR/recovery.out"
@@ -252,23 +352,23 @@ fi
 # ------------------------------------------------------------------ g. the comparison
 
 echo
-if [[ $ONLY == all && -n $ks_acked ]]; then
+if [[ $want_base == 1 && -n $ks_acked ]]; then
     # Secondary: each side's clock until the changelog holds every put (kstate: put calls plus
     # close; kafka-streams: first put until the changelog's end offset reaches ROWS).
     kstate_durable=$(rate "$ROWS" $((kstate_puts_ms + kstate_flush_ms)))
     echo "puts-until-changelog-complete kafka-streams=$ks_acked/s kstate=$kstate_durable/s" \
         "ratio=$(ratio "$kstate_durable" "$ks_acked")"
 fi
-if [[ $ONLY == all ]]; then
+if [[ $want_base == 1 ]]; then
     echo "restore kafka-streams=$ks_restore/s kstate=$kstate_restore/s ratio=$(ratio "$kstate_restore" "$ks_restore")"
     echo "puts kafka-streams=$ks_puts/s kstate=$kstate_puts/s ratio=$(ratio "$kstate_puts" "$ks_puts")"
 fi
-if [[ $ONLY == all || $ONLY == e2e ]]; then
+if [[ $want_e2e == 1 ]]; then
     echo "e2e-alos kafka-streams=$e2e_ks/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_ks")"
     echo "e2e-alos-cached kafka-streams=$e2e_ks_cached/s kstate=$e2e_kstate_cached/s ratio=$(ratio "$e2e_kstate_cached" "$e2e_ks_cached")"
     echo "e2e-pipe rdkafka=$e2e_pipe/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_pipe")"
 fi
-if [[ $ONLY != failover && $ONLY != recovery ]]; then
+if [[ $want_eos == 1 ]]; then
     echo "e2e-eos kafka-streams=$e2e_ks_eos/s kstate=$e2e_kstate_eos/s ratio=$(ratio "$e2e_kstate_eos" "$e2e_ks_eos")"
     echo "e2e-eos-overhead kstate-alos=$e2e_kstate/s kstate-eos=$e2e_kstate_eos/s eos/alos=$(ratio "$e2e_kstate_eos" "$e2e_kstate")"
 fi
@@ -277,4 +377,8 @@ if [[ -n $failover_line ]]; then
 fi
 if [[ -n $recovery_line ]]; then
     echo "$recovery_line"
+fi
+if [[ -n $latency_alos ]]; then
+    echo "latency-alos $latency_alos (visible p50/p99/p99.9)"
+    echo "latency-eos $latency_eos (visible p50/p99/p99.9)"
 fi

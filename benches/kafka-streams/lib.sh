@@ -2,7 +2,9 @@
 #
 # Before sourcing: SCRIPT_NAME (for messages).
 # Gives: HERE (this folder), ROOT (the checkout), KAFKA_SCRIPT (scripts/kafka), log, die, JAR
-# and ensure_jar (the Kafka Streams side, rebuilt when its sources are newer), broker_up (sets BOOTSTRAP; KAFKA_BOOTSTRAP_SERVERS if set, else scripts/kafka start),
+# and ensure_jar (the Kafka Streams side, rebuilt when its sources are newer), broker_up (sets BOOTSTRAP:
+# CLIENT_PROPERTIES's bootstrap.servers if that file is given, else KAFKA_BOOTSTRAP_SERVERS if set,
+# else scripts/kafka start),
 # stop_started_broker (for an EXIT trap: stops the broker only if broker_up started it),
 # touch_lease (keeps scripts/kafka's idle watchdog away during long runs).
 
@@ -36,7 +38,16 @@ ensure_jar() {
 STARTED_BROKER=0
 USE_SCRIPT=0
 broker_up() {
-    if [[ -n ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
+    if [[ -n ${CLIENT_PROPERTIES:-} ]]; then
+        # A secured (or any) broker described by a librdkafka properties file: its
+        # bootstrap.servers is the broker; the file itself goes to every client.
+        [[ $SCRIPT_NAME == compare.sh ]] ||
+            die "$SCRIPT_NAME takes no CLIENT_PROPERTIES (compare.sh's ONLY=e2e, eos and latency do)"
+        [[ -r $CLIENT_PROPERTIES ]] || die "CLIENT_PROPERTIES=$CLIENT_PROPERTIES is not a readable file"
+        CLIENT_PROPERTIES=$(cd "$(dirname "$CLIENT_PROPERTIES")" && pwd -P)/$(basename "$CLIENT_PROPERTIES")
+        BOOTSTRAP=$(sed -n 's/^[[:space:]]*bootstrap\.servers[[:space:]]*=[[:space:]]*//p' "$CLIENT_PROPERTIES" | tail -n 1)
+        [[ -n $BOOTSTRAP ]] || die "$CLIENT_PROPERTIES has no bootstrap.servers"
+    elif [[ -n ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
         BOOTSTRAP=$KAFKA_BOOTSTRAP_SERVERS
     else
         USE_SCRIPT=1

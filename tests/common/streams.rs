@@ -9,10 +9,19 @@ use rdkafka::Offset;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 
 /// A record read back: partition, offset, key, value.
 pub type ReadRecord = (i32, i64, Vec<u8>, Option<Vec<u8>>);
+
+/// Writes `(partition, key, value)` records to `topic` and waits until all are acknowledged.
+pub fn produce(
+    servers: &str,
+    topic: &str,
+    records: &[(i32, Vec<u8>, Vec<u8>)],
+) -> anyhow::Result<()> {
+    produce_with(&ClientProperties::new(servers), topic, records)
+}
 
 /// [`produce`] with `client`'s properties (a secured cluster).
 pub fn produce_with(
@@ -20,11 +29,7 @@ pub fn produce_with(
     topic: &str,
     records: &[(i32, Vec<u8>, Vec<u8>)],
 ) -> anyhow::Result<()> {
-    let producer: ThreadedProducer<DefaultProducerContext> = client
-        .client_config()
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .create()?;
+    let producer = kstate_bench::kafka::producer(client.clone(), 5, DefaultProducerContext)?;
     for (partition, key, value) in records {
         kstate_bench::kafka::send(
             &producer,
@@ -36,32 +41,9 @@ pub fn produce_with(
     }
     producer.flush(Duration::from_secs(60))?;
     // The last delivery reports may still queue behind log events (librdkafka's debug logging).
-    wait_for(
-        "the input's delivery reports",
-        Duration::from_secs(30),
-        || Ok(producer.in_flight_count() == 0),
-    )
-}
-
-/// Writes `(partition, key, value)` records to `topic` and waits until all are acknowledged.
-pub fn produce(
-    servers: &str,
-    topic: &str,
-    records: &[(i32, Vec<u8>, Vec<u8>)],
-) -> anyhow::Result<()> {
-    let producer = kstate_bench::kafka::producer(servers, 5, DefaultProducerContext)?;
-    for (partition, key, value) in records {
-        kstate_bench::kafka::send(
-            &producer,
-            BaseRecord::to(topic)
-                .partition(*partition)
-                .key(&key[..])
-                .payload(&value[..]),
-        );
-    }
-    producer.flush(Duration::from_secs(60))?;
-    anyhow::ensure!(producer.in_flight_count() == 0, "input not acknowledged");
-    Ok(())
+    wait_for("the input's delivery reports", Duration::from_secs(30), || {
+        Ok(producer.in_flight_count() == 0)
+    })
 }
 
 /// Every record of `topic` (`partitions` partitions) as (partition, offset, key, value), read

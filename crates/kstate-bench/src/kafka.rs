@@ -2,13 +2,20 @@
 //! acknowledged before the clock stops, and the broker's append time of what an application
 //! produced (`message.timestamp.type=LogAppendTime` output topics), which times every system the
 //! same way whoever produced the records.
+//!
+//! Every helper takes the cluster as `impl Into<ClientProperties>`: a bootstrap address (`&str`)
+//! for a plaintext broker, or the [`ClientProperties`] of a secured one (TLS, SASL), so that the
+//! measuring clients reach the broker through the same listener, with the same security, as the
+//! application they measure. A failure to create a client is reported without the properties'
+//! secret values ([`ClientProperties::redact_error`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
+use kstate_kafka::ClientProperties;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::config::FromClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Message, Timestamp};
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
@@ -18,17 +25,32 @@ use crate::BenchError;
 /// The settings of an output topic whose records carry the broker's append time.
 pub const LOG_APPEND_TIME: &[(&str, &str)] = &[("message.timestamp.type", "LogAppendTime")];
 
+/// A client of `T` from `client`'s properties and `settings` on top; `what` names it in the
+/// error, whose secret values are redacted.
+pub fn create_client<T: FromClientConfig>(
+    client: &ClientProperties,
+    settings: &[(&str, &str)],
+    what: &str,
+) -> Result<T, BenchError> {
+    let mut config = client.client_config();
+    for (key, value) in settings {
+        config.set(*key, *value);
+    }
+    config
+        .create()
+        .map_err(|e| client.redact_error(e))
+        .map_err(BenchError::kafka(what))
+}
+
 /// Creates `topic` with `partitions` partitions (replication factor 1) and `settings`.
 pub async fn create_topic(
-    servers: &str,
+    client: impl Into<ClientProperties>,
     topic: &str,
     partitions: i32,
     settings: &[(&str, &str)],
 ) -> Result<(), BenchError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .create()
-        .map_err(BenchError::kafka("admin client"))?;
+    let admin: AdminClient<DefaultClientContext> =
+        create_client(&client.into(), &[], "admin client")?;
     let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     for (k, v) in settings {
         new = new.set(k, v);
@@ -43,12 +65,35 @@ pub async fn create_topic(
     Ok(())
 }
 
+/// Deletes `topics`; one that does not exist is not an error.
+pub async fn delete_topics(
+    client: impl Into<ClientProperties>,
+    topics: &[&str],
+) -> Result<(), BenchError> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> =
+        create_client(&client.into(), &[], "admin client")?;
+    let results = admin
+        .delete_topics(topics, &AdminOptions::new())
+        .await
+        .map_err(BenchError::kafka("delete topics"))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((t, e)) => return Err(BenchError::Broker(format!("delete topic {t}: {e}"))),
+        }
+    }
+    Ok(())
+}
+
 /// How many partitions `topic` has (0 if it does not exist).
-pub fn partition_count(servers: &str, topic: &str) -> Result<i32, BenchError> {
-    let probe: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .create()
-        .map_err(BenchError::kafka("metadata client"))?;
+pub fn partition_count(
+    client: impl Into<ClientProperties>,
+    topic: &str,
+) -> Result<i32, BenchError> {
+    let probe: BaseConsumer = create_client(&client.into(), &[], "metadata client")?;
     let metadata = probe
         .fetch_metadata(Some(topic), Duration::from_secs(30))
         .map_err(BenchError::kafka(format!("metadata of {topic}")))?;
@@ -60,17 +105,21 @@ pub fn partition_count(servers: &str, topic: &str) -> Result<i32, BenchError> {
 
 /// An idempotent, acks=all, lz4 producer with `context` and a linger of `linger_ms`.
 pub fn producer<C: ProducerContext + 'static>(
-    servers: &str,
+    client: impl Into<ClientProperties>,
     linger_ms: u32,
     context: C,
 ) -> Result<ThreadedProducer<C>, BenchError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", servers)
+    let client = client.into();
+    let linger = linger_ms.to_string();
+    let mut config = client.client_config();
+    config
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", linger_ms.to_string())
-        .set("compression.type", "lz4")
+        .set("linger.ms", linger)
+        .set("compression.type", "lz4");
+    config
         .create_with_context(context)
+        .map_err(|e| client.redact_error(e))
         .map_err(BenchError::kafka("producer"))
 }
 
@@ -139,5 +188,31 @@ pub fn append_time(message: &BorrowedMessage<'_>) -> Result<i64, BenchError> {
             "{} is not a LogAppendTime topic (create it with `e2e output`)",
             message.topic()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_secret_is_not_in_the_error() {
+        let secret = "n0t-in-any-error";
+        // librdkafka has no sasl.jaas.config (a Java name) and quotes the rejected value.
+        let client = ClientProperties::new("127.0.0.1:9").set(
+            "sasl.jaas.config",
+            format!("ScramLoginModule required username=\"u\" password=\"{secret}\";"),
+        );
+        let shown = match create_client::<BaseConsumer>(&client, &[], "probe") {
+            Ok(_) => panic!("librdkafka accepted sasl.jaas.config"),
+            Err(e) => format!("{e} {e:?}"),
+        };
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("sasl.jaas.config"), "{shown}");
+        let shown = match producer(client, 0, rdkafka::producer::DefaultProducerContext) {
+            Ok(_) => panic!("librdkafka accepted sasl.jaas.config"),
+            Err(e) => format!("{e} {e:?}"),
+        };
+        assert!(!shown.contains(secret), "{shown}");
     }
 }

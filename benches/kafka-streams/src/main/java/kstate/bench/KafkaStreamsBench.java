@@ -57,6 +57,14 @@ import org.apache.kafka.streams.state.Stores;
  *         [--value-size BYTES] [--seed N] [--delete-topics]
  * </pre>
  *
+ * <p>Every mode also takes {@code --client-properties FILE}: the librdkafka properties kstate's
+ * clients are given (e.g. the sasl_ssl.properties of {@code scripts/kafka start --secure}),
+ * translated to the Java clients' names (see {@link #clientProperties}) and given to every client
+ * this program creates: Kafka Streams' consumers, producers and admin client, and its own admin
+ * client and producer. {@code --bootstrap} may then be left out (the file's bootstrap.servers);
+ * given, it wins. No password is ever printed: the translation is printed with secrets as
+ * [hidden], and the clients' own config dump (INFO) shows them as [hidden] too.
+ *
  * <p>Both modes run one Kafka Streams instance (at_least_once, 1 stream thread, no standby, state
  * dir in a fresh temp dir) whose one persistent key-value store (Stores.persistentKeyValueStore,
  * default RocksDB settings, ByteArray serdes, logging on, caching off) has the changelog
@@ -66,6 +74,9 @@ import org.apache.kafka.streams.state.Stores;
 public final class KafkaStreamsBench {
     private static final long WAIT_MINUTES = 30;
 
+    /** The Java clients' properties from {@code --client-properties} (empty without it). */
+    private static final Properties CLIENT = new Properties();
+
     private KafkaStreamsBench() {}
 
     public static void main(String[] argv) throws Exception {
@@ -74,6 +85,11 @@ public final class KafkaStreamsBench {
             System.exit(argv.length == 0 ? 2 : 0);
         }
         Map<String, String> opts = parse(argv);
+        if (opts.containsKey("client-properties")) {
+            CLIENT.putAll(clientProperties(Path.of(opts.get("client-properties"))));
+            System.err.println("kafka-streams: client properties from " + opts.get("client-properties") + ": "
+                    + shown(CLIENT));
+        }
         int rc;
         switch (argv[0]) {
             case "restore" -> rc = restore(opts);
@@ -100,7 +116,8 @@ public final class KafkaStreamsBench {
                         + " [--caching on|off] [--guarantee at-least-once|exactly-once]\n"
                         + "  serve --bootstrap B --application-id APP --input TOPIC --output TOPIC --state-dir DIR"
                         + " [--session-timeout-ms N] [--heartbeat-interval-ms N]"
-                        + " [--guarantee at-least-once|exactly-once] [--group-instance-id NAME]");
+                        + " [--guarantee at-least-once|exactly-once] [--group-instance-id NAME]\n"
+                        + "every mode: [--client-properties FILE] (librdkafka names; then --bootstrap is optional)");
     }
 
     private static Map<String, String> parse(String[] argv) {
@@ -130,6 +147,104 @@ public final class KafkaStreamsBench {
         return v;
     }
 
+    /** {@code --bootstrap}, else the client properties' bootstrap.servers. */
+    private static String bootstrap(Map<String, String> opts) {
+        String v = opts.get("bootstrap");
+        if (v == null || v.isEmpty()) {
+            v = CLIENT.getProperty("bootstrap.servers");
+        }
+        if (v == null || v.isEmpty()) {
+            throw new IllegalArgumentException("--bootstrap (or bootstrap.servers in --client-properties) is required");
+        }
+        return v;
+    }
+
+    /**
+     * A librdkafka properties file ({@code key=value} lines; blank lines and lines starting with #
+     * or ! skipped, as kstate's ClientProperties::from_file reads it) as the Java clients'
+     * properties: bootstrap.servers and security.protocol as they are; sasl.mechanisms becomes
+     * sasl.mechanism; sasl.username and sasl.password become sasl.jaas.config (ScramLoginModule for
+     * SCRAM-SHA-256/512, PlainLoginModule for PLAIN); ssl.ca.location becomes a PEM truststore
+     * (ssl.truststore.type=PEM, ssl.truststore.location); ssl.endpoint.identification.algorithm
+     * as it is ("none": off). Any other property is an error naming the property (never its
+     * value): its Java name may differ, and a setting silently dropped is worse than none.
+     */
+    static Properties clientProperties(Path file) throws IOException {
+        Map<String, String> in = new HashMap<>();
+        int lineNumber = 0;
+        for (String line : Files.readAllLines(file)) {
+            lineNumber++;
+            String t = line.strip();
+            if (t.isEmpty() || t.startsWith("#") || t.startsWith("!")) {
+                continue;
+            }
+            int eq = t.indexOf('=');
+            if (eq <= 0) {
+                throw new IllegalArgumentException(file + ":" + lineNumber + ": expected key=value");
+            }
+            in.put(t.substring(0, eq).strip(), t.substring(eq + 1).strip());
+        }
+        Properties out = new Properties();
+        String user = null;
+        String password = null;
+        String mechanism = null;
+        for (Map.Entry<String, String> e : in.entrySet()) {
+            String value = e.getValue();
+            switch (e.getKey()) {
+                case "bootstrap.servers" -> out.put("bootstrap.servers", value);
+                case "security.protocol" -> out.put("security.protocol", value.toUpperCase(java.util.Locale.ROOT));
+                case "sasl.mechanisms", "sasl.mechanism" -> mechanism = value;
+                case "sasl.username" -> user = value;
+                case "sasl.password" -> password = value;
+                case "ssl.ca.location" -> {
+                    out.put("ssl.truststore.type", "PEM");
+                    out.put("ssl.truststore.location", value);
+                }
+                case "ssl.endpoint.identification.algorithm" ->
+                        out.put("ssl.endpoint.identification.algorithm", value.equals("none") ? "" : value);
+                default -> throw new IllegalArgumentException(file + ": " + e.getKey()
+                        + " has no Java client equivalent here (known: bootstrap.servers, security.protocol,"
+                        + " sasl.mechanisms, sasl.username, sasl.password, ssl.ca.location,"
+                        + " ssl.endpoint.identification.algorithm)");
+            }
+        }
+        if (mechanism != null) {
+            out.put("sasl.mechanism", mechanism);
+        }
+        if (user != null || password != null) {
+            if (user == null || password == null) {
+                throw new IllegalArgumentException(file + ": sasl.username and sasl.password go together");
+            }
+            String module = switch (mechanism == null ? "GSSAPI" : mechanism) {
+                case "SCRAM-SHA-256", "SCRAM-SHA-512" -> "org.apache.kafka.common.security.scram.ScramLoginModule";
+                case "PLAIN" -> "org.apache.kafka.common.security.plain.PlainLoginModule";
+                default -> throw new IllegalArgumentException(file
+                        + ": sasl.username/sasl.password need sasl.mechanisms PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512");
+            };
+            out.put("sasl.jaas.config", module + " required username=\"" + jaasQuoted(user) + "\" password=\""
+                    + jaasQuoted(password) + "\";");
+        }
+        return out;
+    }
+
+    /** A JAAS option value: backslashes and double quotes escaped. */
+    private static String jaasQuoted(String v) {
+        return v.replace("\\", "\\\\").replace("\"", "\\\"");
+    }
+
+    /** {@code props} as {@code key=value, ...}, sorted, with sasl.jaas.config and passwords [hidden]. */
+    private static String shown(Properties props) {
+        StringBuilder b = new StringBuilder();
+        for (String key : new java.util.TreeSet<>(props.stringPropertyNames())) {
+            if (b.length() > 0) {
+                b.append(", ");
+            }
+            boolean secret = key.contains("jaas") || key.contains("password") || key.contains("secret");
+            b.append(key).append('=').append(secret ? "[hidden]" : props.getProperty(key));
+        }
+        return b.toString();
+    }
+
     private static long number(Map<String, String> opts, String name, long dflt) {
         String v = opts.get(name);
         return v == null ? dflt : Long.parseLong(v.replace("_", ""));
@@ -138,7 +253,7 @@ public final class KafkaStreamsBench {
     // ------------------------------------------------------------------ restore
 
     private static int restore(Map<String, String> opts) throws Exception {
-        String bootstrap = required(opts, "bootstrap");
+        String bootstrap = bootstrap(opts);
         String app = required(opts, "application-id");
         String store = required(opts, "store");
         String topology = opts.getOrDefault("topology", "dsl");
@@ -224,7 +339,7 @@ public final class KafkaStreamsBench {
     // ------------------------------------------------------------------ puts
 
     private static int puts(Map<String, String> opts) throws Exception {
-        String bootstrap = required(opts, "bootstrap");
+        String bootstrap = bootstrap(opts);
         long rows = number(opts, "rows", 1_000_000);
         int valueSize = (int) number(opts, "value-size", 100);
         long seed = number(opts, "seed", 543);
@@ -318,7 +433,7 @@ public final class KafkaStreamsBench {
      * group's committed offsets reach the input's end offsets before it closes.
      */
     private static int e2e(Map<String, String> opts) throws Exception {
-        String bootstrap = required(opts, "bootstrap");
+        String bootstrap = bootstrap(opts);
         String app = required(opts, "application-id");
         String input = required(opts, "input");
         String output = required(opts, "output");
@@ -449,7 +564,7 @@ public final class KafkaStreamsBench {
      * dir, so a restart with the same --state-dir also fences its previous incarnation's producer.
      */
     private static int serve(Map<String, String> opts) throws Exception {
-        String bootstrap = required(opts, "bootstrap");
+        String bootstrap = bootstrap(opts);
         String app = required(opts, "application-id");
         String input = required(opts, "input");
         String output = required(opts, "output");
@@ -543,6 +658,7 @@ public final class KafkaStreamsBench {
         rng.nextBytes(pool);
 
         Properties p = new Properties();
+        p.putAll(CLIENT);
         p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ProducerConfig.ACKS_CONFIG, "all");
         p.put(ProducerConfig.LINGER_MS_CONFIG, 20);
@@ -628,6 +744,9 @@ public final class KafkaStreamsBench {
 
     private static Properties streamsProps(String bootstrap, String app, Path stateDir) {
         Properties p = new Properties();
+        // The security settings first: Kafka Streams hands unprefixed client settings to all its
+        // clients (main, restore and global consumers, producer, admin).
+        p.putAll(CLIENT);
         p.put(StreamsConfig.APPLICATION_ID_CONFIG, app);
         p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.AT_LEAST_ONCE);
@@ -683,6 +802,7 @@ public final class KafkaStreamsBench {
 
     private static Admin admin(String bootstrap) {
         Properties p = new Properties();
+        p.putAll(CLIENT);
         p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         return Admin.create(p);
     }
