@@ -41,9 +41,11 @@ pub fn produce_with(
     }
     producer.flush(Duration::from_secs(60))?;
     // The last delivery reports may still queue behind log events (librdkafka's debug logging).
-    wait_for("the input's delivery reports", Duration::from_secs(30), || {
-        Ok(producer.in_flight_count() == 0)
-    })
+    wait_for(
+        "the input's delivery reports",
+        Duration::from_secs(30),
+        || Ok(producer.in_flight_count() == 0),
+    )
 }
 
 /// Every record of `topic` (`partitions` partitions) as (partition, offset, key, value), read
