@@ -91,14 +91,7 @@ fn assert_not_logged(secret: &str) -> anyhow::Result<()> {
 }
 
 fn config(client: &ClientProperties, topic: &str) -> ChangelogConfig {
-    ChangelogConfig::new(client.clone(), topic, 0)
-        .partitions(1)
-        .open_timeout(Duration::from_secs(30))
-        .delivery_timeout(Duration::from_secs(20))
-}
-
-fn contents(store: &impl KeyValueStore) -> anyhow::Result<BTreeMap<Vec<u8>, Vec<u8>>> {
-    Ok(store.all()?.collect::<Result<_, _>>()?)
+    common::changelog_on(client.clone(), topic)
 }
 
 #[test]
@@ -122,7 +115,7 @@ fn a_store_writes_closes_and_restores_over_sasl_ssl() -> anyhow::Result<()> {
         expected.remove(key.as_bytes());
     }
     store.flush()?;
-    ensure!(contents(&store)? == expected);
+    ensure!(common::contents(&store)? == expected);
     let shown = format!("{store:?}");
     ensure!(
         !shown.contains(&secret),
@@ -139,7 +132,7 @@ fn a_store_writes_closes_and_restores_over_sasl_ssl() -> anyhow::Result<()> {
         restored.restore_report()
     );
     ensure!(
-        contents(&restored)? == expected,
+        common::contents(&restored)? == expected,
         "restored over SASL_SSL differs"
     );
     restored.close()?;
@@ -150,7 +143,7 @@ fn a_store_writes_closes_and_restores_over_sasl_ssl() -> anyhow::Result<()> {
         "{:?}",
         reopened.restore_report()
     );
-    ensure!(contents(&reopened)? == expected);
+    ensure!(common::contents(&reopened)? == expected);
     reopened.close()?;
     assert_not_logged(&secret)
 }

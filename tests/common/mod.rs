@@ -32,29 +32,27 @@ pub fn client() -> anyhow::Result<ClientProperties> {
 /// A changelog config for `topic`, partition 0, on the tests' cluster ([`client`]), with
 /// timeouts short enough for tests.
 pub fn changelog(topic: &str) -> anyhow::Result<ChangelogConfig> {
-    Ok(ChangelogConfig::new(client()?, topic, 0)
-        .partitions(1)
-        .open_timeout(Duration::from_secs(30))
-        .delivery_timeout(Duration::from_secs(20)))
+    Ok(changelog_on(client()?, topic))
 }
 
-/// Creates `topic` with `partitions` partitions and `cleanup.policy=policy` on the brokers at
-/// `servers`.
+/// [`changelog`] on the cluster `client` names.
+pub fn changelog_on(client: ClientProperties, topic: &str) -> ChangelogConfig {
+    ChangelogConfig::new(client, topic, 0)
+        .partitions(1)
+        .open_timeout(Duration::from_secs(30))
+        .delivery_timeout(Duration::from_secs(20))
+}
+
+/// Creates `topic` with `partitions` partitions and `cleanup.policy=policy` on the cluster
+/// `client` names.
 pub async fn create_topic(
     client: impl Into<ClientProperties>,
     topic: &str,
     partitions: i32,
     policy: &str,
 ) -> anyhow::Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-        client.into().client_config().create()?;
-    let new =
-        NewTopic::new(topic, partitions, TopicReplication::Fixed(1)).set("cleanup.policy", policy);
-    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
-    Ok(())
+    let settings = [("cleanup.policy", policy)];
+    Ok(kstate_bench::kafka::create_topic(client, topic, partitions, &settings).await?)
 }
 
 /// Creates `topic` on the tests' cluster ([`client`]): one partition, compacted, with `settings` on top (e.g. a

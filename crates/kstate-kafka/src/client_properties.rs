@@ -155,14 +155,6 @@ impl ClientProperties {
         self
     }
 
-    /// Every property of `other`, set over these.
-    pub fn merge(mut self, other: &ClientProperties) -> Self {
-        for (key, value) in &other.properties {
-            self.properties.insert(key.clone(), value.clone());
-        }
-        self
-    }
-
     /// `bootstrap.servers` (empty when not set).
     pub fn bootstrap_servers(&self) -> &str {
         self.get(BOOTSTRAP_SERVERS).unwrap_or_default()
@@ -171,11 +163,6 @@ impl ClientProperties {
     /// A property's value.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.properties.get(key).map(String::as_str)
-    }
-
-    /// The properties' names.
-    pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.properties.keys().map(String::as_str)
     }
 
     /// A client configuration with these properties, for the caller to add its own settings to.
