@@ -58,18 +58,9 @@ pub async fn create_topic(
 /// Creates `topic` on the tests' cluster ([`client`]): one partition, compacted, with `settings` on top (e.g. a
 /// short `delete.retention.ms` for tests that need compaction to act quickly).
 pub async fn create_compacted_topic(topic: &str, settings: &[(&str, &str)]) -> anyhow::Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-        client()?.client_config().create()?;
-    let mut new =
-        NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
-    for (key, value) in settings {
-        new = new.set(key, value);
-    }
-    for created in admin.create_topics(&[new], &AdminOptions::new()).await? {
-        created.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
-    Ok(())
+    let mut all = vec![("cleanup.policy", "compact")];
+    all.extend_from_slice(settings);
+    Ok(kstate_bench::kafka::create_topic(client()?, topic, 1, &all).await?)
 }
 
 /// Deletes `topic` and waits until the broker no longer lists it.

@@ -62,7 +62,50 @@ pub async fn create_topic(
     for result in results {
         result.map_err(|(t, e)| BenchError::Broker(format!("create topic {t}: {e}")))?;
     }
-    Ok(())
+    wait_for_leaders(admin.inner(), topic, partitions)
+}
+
+/// How long [`create_topic`] waits for a new topic's partitions to appear with leaders.
+const TOPIC_PROPAGATION_LIMIT: Duration = Duration::from_secs(30);
+
+/// Waits until the broker's metadata lists every one of `topic`'s `partitions` with a leader.
+///
+/// A successful CreateTopics means the controller has committed the topic, not that the
+/// brokers have applied it: under load the broker's metadata can lag by a second or more, and a
+/// client asking in that window is told the partition does not exist (a watermark query fails
+/// with `UnknownPartition`). This is the wait Kafka's own test harness does after creating a
+/// topic (`TestUtils.createTopic`).
+fn wait_for_leaders<C: rdkafka::client::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+    partitions: i32,
+) -> Result<(), BenchError> {
+    let deadline = Instant::now() + TOPIC_PROPAGATION_LIMIT;
+    loop {
+        let metadata = client
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .map_err(BenchError::kafka(format!("read the metadata of {topic}")))?;
+        let led = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map_or(0, |t| {
+                t.partitions()
+                    .iter()
+                    .filter(|p| p.error().is_none() && p.leader() >= 0)
+                    .count()
+            });
+        if led == partitions as usize {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(BenchError::Broker(format!(
+                "topic {topic} was created, but after {TOPIC_PROPAGATION_LIMIT:?} the broker \
+                 lists {led} of its {partitions} partitions with a leader"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Deletes `topics`; one that does not exist is not an error.
