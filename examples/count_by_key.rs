@@ -8,10 +8,10 @@
 //!     [--threads N] [--commit-interval-ms N] [--guarantee at-least-once] [--coalesce]
 //! ```
 //!
-//! `--bootstrap-servers` defaults to `$KAFKA_BOOTSTRAP_SERVERS`. `--client-properties FILE`
-//! reads librdkafka client properties (`key=value` lines: `security.protocol`, `sasl.*`, `ssl.*`,
-//! and `bootstrap.servers` if the flag and the variable are not given) for every client the
-//! application makes: a TLS and SASL cluster. Runs until SIGTERM or SIGINT,
+//! `--client-properties FILE` reads librdkafka client properties (`key=value` lines:
+//! `security.protocol`, `sasl.*`, `ssl.*`, `bootstrap.servers`) for every client the application
+//! makes: a TLS and SASL cluster. `--bootstrap-servers` replaces the file's brokers;
+//! `$KAFKA_BOOTSTRAP_SERVERS` is used when neither names them. Runs until SIGTERM or SIGINT,
 //! then commits, closes its stores, leaves the group and exits 0. Several copies with the same
 //! application id share the input's partitions.
 //!
@@ -60,7 +60,7 @@ const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC --out
     [--consumer-property KEY=VALUE]...";
 
 fn parse_args() -> Result<Args> {
-    let mut bootstrap_servers = std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok();
+    let mut bootstrap_servers = None;
     let mut client_properties = None;
     let (mut application_id, mut input, mut output) = (None, None, None);
     let mut state_dir = None;
@@ -105,18 +105,16 @@ fn parse_args() -> Result<Args> {
     let application_id =
         application_id.with_context(|| format!("--application-id is required; {USAGE}"))?;
     // A properties file (`key=value` lines, librdkafka names: `security.protocol`, `sasl.*`,
-    // `ssl.*`) keeps secrets off the command line; its `bootstrap.servers` is overridden by
-    // --bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS.
-    let mut client = match client_properties {
-        Some(path) => ClientProperties::from_file(path)?,
-        None => ClientProperties::default(),
-    };
-    if let Some(servers) = bootstrap_servers {
-        client.insert("bootstrap.servers", servers);
-    }
+    // `ssl.*`) keeps secrets off the command line.
+    let client = ClientProperties::from_sources(
+        client_properties.as_deref(),
+        bootstrap_servers.as_deref(),
+        std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok().as_deref(),
+    )?;
     if client.bootstrap_servers().is_empty() {
         bail!(
-            "--bootstrap-servers, KAFKA_BOOTSTRAP_SERVERS or a --client-properties file with bootstrap.servers is required"
+            "--bootstrap-servers, a --client-properties file with bootstrap.servers, or \
+             KAFKA_BOOTSTRAP_SERVERS is required"
         );
     }
     Ok(Args {

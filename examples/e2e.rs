@@ -143,19 +143,19 @@ fn main() -> Result<()> {
 /// `bootstrap.servers` `--bootstrap-servers` replaces; `KAFKA_BOOTSTRAP_SERVERS` when neither
 /// names the brokers.
 fn client_properties(flags: &Flags) -> Result<ClientProperties> {
-    let mut client = match flags.optional("client-properties") {
-        Some(path) => ClientProperties::from_file(path)?,
-        None => ClientProperties::default(),
-    };
-    if let Some(servers) = flags.optional("bootstrap-servers") {
-        client.insert("bootstrap.servers", servers);
-    } else if client.bootstrap_servers().is_empty() {
-        let servers = std::env::var("KAFKA_BOOTSTRAP_SERVERS").context(
-            "--bootstrap-servers, a --client-properties file with bootstrap.servers, or \
-             KAFKA_BOOTSTRAP_SERVERS is required",
-        )?;
-        client.insert("bootstrap.servers", servers);
-    }
+    let file = flags
+        .optional("client-properties")
+        .map(std::path::Path::new);
+    let client = ClientProperties::from_sources(
+        file,
+        flags.optional("bootstrap-servers"),
+        std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok().as_deref(),
+    )?;
+    anyhow::ensure!(
+        !client.bootstrap_servers().is_empty(),
+        "--bootstrap-servers, a --client-properties file with bootstrap.servers, or \
+         KAFKA_BOOTSTRAP_SERVERS is required"
+    );
     Ok(client)
 }
 

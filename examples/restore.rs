@@ -2,8 +2,14 @@
 //! task that lost its disk comes back.
 //!
 //! ```text
-//! KAFKA_BOOTSTRAP_SERVERS=host:port cargo run --release --example restore -- --topic NAME [--partition N] [--batch N] [--chunk N]
+//! KAFKA_BOOTSTRAP_SERVERS=host:port cargo run --release --example restore -- --topic NAME \
+//!     [--partition N] [--batch N] [--chunk N] [--client-properties FILE] [--bootstrap-servers HOST:PORT]
 //! ```
+//!
+//! `--client-properties FILE` reads librdkafka client properties (`key=value` lines) for a TLS
+//! and SASL cluster; `--bootstrap-servers` replaces the file's brokers, and
+//! `$KAFKA_BOOTSTRAP_SERVERS` is used when neither names them
+//! (`kstate_kafka::ClientProperties::from_sources`).
 //!
 //! The directory starts empty, so the restore takes the bulk path: `--chunk` sets its records per
 //! SST file (`ChangelogConfig::bulk_chunk_records`); `--batch` sets the records per write batch of
@@ -17,7 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{Context, Result, bail};
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{
-    BatchRestored, ChangelogConfig, LoggedStore, OpenHooks, RestoreListener, RestoreStart,
+    BatchRestored, ChangelogConfig, ClientProperties, LoggedStore, OpenHooks, RestoreListener,
+    RestoreStart,
 };
 use kstate::kstate_rocksdb::RocksDbOptions;
 
@@ -60,6 +67,8 @@ fn main() -> Result<()> {
     let mut partition = 0;
     let mut batch = None;
     let mut chunk = None;
+    let mut client_properties: Option<std::path::PathBuf> = None;
+    let mut bootstrap_servers = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args
@@ -70,16 +79,27 @@ fn main() -> Result<()> {
             "--partition" => partition = value.parse().context("--partition")?,
             "--batch" => batch = Some(value.parse().context("--batch")?),
             "--chunk" => chunk = Some(value.parse().context("--chunk")?),
+            "--client-properties" => client_properties = Some(value.into()),
+            "--bootstrap-servers" => bootstrap_servers = Some(value),
             _ => bail!(
                 "unknown flag {flag}; usage: restore --topic NAME [--partition N] [--batch N] \
-                 [--chunk N]"
+                 [--chunk N] [--client-properties FILE] [--bootstrap-servers HOST:PORT]"
             ),
         }
     }
     let topic = topic.context("--topic NAME is required")?;
-    let servers =
-        std::env::var("KAFKA_BOOTSTRAP_SERVERS").context("set KAFKA_BOOTSTRAP_SERVERS")?;
-    let mut config = ChangelogConfig::new(servers, &topic, partition);
+    let cluster = ClientProperties::from_sources(
+        client_properties.as_deref(),
+        bootstrap_servers.as_deref(),
+        std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok().as_deref(),
+    )?;
+    if cluster.bootstrap_servers().is_empty() {
+        bail!(
+            "--bootstrap-servers, a --client-properties file with bootstrap.servers, or \
+             KAFKA_BOOTSTRAP_SERVERS is required"
+        );
+    }
+    let mut config = ChangelogConfig::new(cluster, &topic, partition);
     if let Some(batch) = batch {
         config = config.restore_batch_records(batch);
     }

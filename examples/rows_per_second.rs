@@ -6,7 +6,8 @@
 //! cargo run --release --example rows_per_second -- [--rows N] [--value-size BYTES] [--batch N]
 //!     [--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME]
 //!     [--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--threads N[,N...]]
-//!     [--client-property KEY=VALUE] [--linger-ms N] [--json PATH]
+//!     [--client-properties FILE] [--bootstrap-servers HOST:PORT] [--client-property KEY=VALUE]
+//!     [--linger-ms N] [--json PATH]
 //! ```
 //!
 //! `--threads 1,2,4` runs every configuration once per thread count, with one store per thread
@@ -15,9 +16,13 @@
 //! threads split the same rows between them (thread `t` of `n` writes rows `t`, `t + n`, ...), so
 //! the total work stays the same and rows/s shows how the configuration scales with partitions.
 //!
-//! `--client-property KEY=VALUE` (repeatable) passes a librdkafka property to the logged
-//! configurations' clients, e.g. `compression.type=none`; `--linger-ms N` sets their producer's
-//! linger (`ChangelogConfig::linger`).
+//! `--client-properties FILE` reads librdkafka client properties (`key=value` lines, e.g. the
+//! `sasl_ssl.properties` that `scripts/kafka start --secure` prints) for every Kafka client of the
+//! run: a TLS and SASL cluster. `--bootstrap-servers` replaces the file's brokers;
+//! `$KAFKA_BOOTSTRAP_SERVERS` is used when neither names them
+//! (`kstate_kafka::ClientProperties::from_sources`). `--client-property KEY=VALUE` (repeatable)
+//! adds a librdkafka property on top, e.g. `compression.type=none`; `--linger-ms N` sets the
+//! logged configurations' producer linger (`ChangelogConfig::linger`).
 //!
 //! `--json PATH` also writes every result (with the progress points) for machines;
 //! `benches/chart.py` turns it into the cumulative-rows-against-time chart.
@@ -36,9 +41,10 @@
 //! After the logged configurations, the `logged-group` changelog (a new topic per run, or the one
 //! `--restore-topic` names, which must not exist yet; partition 0 of the first thread count's
 //! topic) is restored into an empty directory (`restored <n> records in <t> ms (<r> records/s)`),
-//! and a bare rdkafka consumer reads the same partition for comparison. The changelog configurations need a broker:
-//! `KAFKA_BOOTSTRAP_SERVERS`, which `scripts/rows-per-second` sets up; without one the example
-//! runs the store-only configurations and says how to get the rest.
+//! and a bare rdkafka consumer reads the same partition for comparison. The changelog
+//! configurations need a broker (`KAFKA_BOOTSTRAP_SERVERS`, which `scripts/rows-per-second` sets
+//! up, or the flags above); without one the example runs the store-only configurations and says
+//! how to get the rest.
 //!
 //! Keys are the numbers `0..rows` as 8-byte big-endian integers in a shuffled order (seeded, so
 //! every configuration writes the same sequence); values are `--value-size` pseudo-random bytes.
@@ -50,11 +56,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use kstate::kstate_core::{Batch, KeyValueStore};
-use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore, RESTORE_FETCH_SETTINGS};
+use kstate::kstate_kafka::{
+    ChangelogConfig, ClientProperties, Durability, LoggedStore, RESTORE_FETCH_SETTINGS,
+};
 use kstate::kstate_rocksdb::rocksdb::{self, ColumnFamilyDescriptor, DB, WriteOptions};
 use kstate::kstate_rocksdb::{
     Compression, METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore,
 };
+use kstate_bench::kafka::create_client;
 use kstate_bench::latency::{Latency, LatencySummary};
 use kstate_bench::progress::Progress;
 use kstate_bench::report::write_json;
@@ -76,6 +85,8 @@ struct Args {
     write_buffer_mb: Option<usize>,
     compression: Option<Compression>,
     threads: Vec<usize>,
+    client_properties_file: Option<PathBuf>,
+    bootstrap_servers: Option<String>,
     client_properties: Vec<(String, String)>,
     linger: Option<Duration>,
     json: Option<PathBuf>,
@@ -84,7 +95,8 @@ struct Args {
 const USAGE: &str = "usage: rows_per_second [--rows N] [--value-size BYTES] [--batch N] \
 [--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME] \
 [--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--threads N[,N...]] \
-[--client-property KEY=VALUE] [--linger-ms N] [--json PATH]";
+[--client-properties FILE] [--bootstrap-servers HOST:PORT] [--client-property KEY=VALUE] \
+[--linger-ms N] [--json PATH]";
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -100,6 +112,8 @@ impl Args {
             write_buffer_mb: None,
             compression: None,
             threads: vec![1],
+            client_properties_file: None,
+            bootstrap_servers: None,
             client_properties: Vec::new(),
             linger: None,
             json: None,
@@ -161,6 +175,8 @@ impl Args {
                     args.client_properties
                         .push((key.to_string(), val.to_string()));
                 }
+                "--client-properties" => args.client_properties_file = Some(PathBuf::from(value)),
+                "--bootstrap-servers" => args.bootstrap_servers = Some(value),
                 "--linger-ms" => args.linger = Some(Duration::from_millis(number(&value)?)),
                 "--dir" => args.dir = Some(PathBuf::from(value)),
                 "--configs" => {
@@ -256,8 +272,9 @@ impl RowSink for BareRocks {
 
 /// What configurations share within one run.
 struct RunContext {
-    /// The broker, when there is one.
-    bootstrap: Option<String>,
+    /// The cluster and its security, when there is one: every client of the run starts from
+    /// these properties (`--client-property` included).
+    cluster: Option<ClientProperties>,
     /// Makes this run's changelog topics unique.
     run_id: String,
     /// The changelog topic of `logged-group`, when the caller names it (so that another system
@@ -266,8 +283,6 @@ struct RunContext {
     restore_topic: Option<String>,
     /// The first thread count.
     restore_threads: usize,
-    /// librdkafka properties for the logged configurations.
-    client_properties: Vec<(String, String)>,
     /// `ChangelogConfig::linger` for the logged configurations, when set.
     linger: Option<Duration>,
 }
@@ -298,17 +313,14 @@ impl RunContext {
         name: &str,
         mode: Durability,
     ) -> Result<Box<dyn RowSink>> {
-        let servers = self.bootstrap.as_deref().context("no broker")?;
+        let cluster = self.cluster.clone().context("no broker")?;
         let mut config = ChangelogConfig::new(
-            servers,
+            cluster,
             self.topic(name, slot.threads),
             i32::try_from(slot.index)?,
         )
         .partitions(i32::try_from(slot.threads)?)
         .durability(mode);
-        for (key, value) in &self.client_properties {
-            config = config.client_property(key, value);
-        }
         if let Some(linger) = self.linger {
             config = config.linger(linger);
         }
@@ -579,9 +591,7 @@ fn main() -> Result<()> {
         args.configs.join(",")
     );
     let context = RunContext {
-        bootstrap: std::env::var("KAFKA_BOOTSTRAP_SERVERS")
-            .ok()
-            .filter(|s| !s.trim().is_empty()),
+        cluster: cluster(&args)?,
         run_id: format!(
             "{}-{}",
             std::process::id(),
@@ -591,7 +601,6 @@ fn main() -> Result<()> {
         ),
         restore_topic: args.restore_topic.clone(),
         restore_threads: args.threads[0],
-        client_properties: args.client_properties.clone(),
         linger: args.linger,
     };
     let mut results: Vec<ConfigResult> = Vec::new();
@@ -599,7 +608,7 @@ fn main() -> Result<()> {
     for &threads in &args.threads {
         for name in &args.configs {
             let config = config(name).context("configuration vanished")?;
-            if config.needs_broker && context.bootstrap.is_none() {
+            if config.needs_broker && context.cluster.is_none() {
                 if !skipped.contains(&config.name) {
                     skipped.push(config.name);
                 }
@@ -646,17 +655,17 @@ fn main() -> Result<()> {
     }
     print_ratios(&results);
     let first_threads = args.threads[0];
-    let restore =
-        if args.configs.iter().any(|c| c == RESTORED_CONFIG) && context.bootstrap.is_some() {
-            Some(measure_restore(
-                &context,
-                first_threads,
-                base.path(),
-                &args,
-            )?)
-        } else {
-            None
-        };
+    let restore = if args.configs.iter().any(|c| c == RESTORED_CONFIG) && context.cluster.is_some()
+    {
+        Some(measure_restore(
+            &context,
+            first_threads,
+            base.path(),
+            &args,
+        )?)
+    } else {
+        None
+    };
     if let Some(path) = &args.json {
         let run = RunResult {
             rows: args.rows,
@@ -713,6 +722,23 @@ fn print_ratios(results: &[ConfigResult]) {
     }
 }
 
+/// The cluster the flags and the environment name (see the module docs), with
+/// `--client-property` on top; `None` when nothing names one.
+fn cluster(args: &Args) -> Result<Option<ClientProperties>> {
+    let mut cluster = ClientProperties::from_sources(
+        args.client_properties_file.as_deref(),
+        args.bootstrap_servers.as_deref(),
+        std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok().as_deref(),
+    )?;
+    if cluster.bootstrap_servers().trim().is_empty() {
+        return Ok(None);
+    }
+    for (key, value) in &args.client_properties {
+        cluster.insert(key, value);
+    }
+    Ok(Some(cluster))
+}
+
 /// Restores the `logged-group` changelog into an empty directory, then reads the same partition
 /// with a bare consumer, so the two rates compare within one run.
 fn measure_restore(
@@ -724,14 +750,12 @@ fn measure_restore(
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Message, Offset, TopicPartitionList};
 
-    let servers = context.bootstrap.as_deref().context("no broker")?;
+    let cluster = context.cluster.as_ref().context("no broker")?;
     let topic = context.topic(RESTORED_CONFIG, threads);
     let dir = base.join("restore");
     let options = store_options(args);
-    let mut config = ChangelogConfig::new(servers, &topic, 0).partitions(i32::try_from(threads)?);
-    for (key, value) in &context.client_properties {
-        config = config.client_property(key, value);
-    }
+    let config =
+        ChangelogConfig::new(cluster.clone(), &topic, 0).partitions(i32::try_from(threads)?);
     let store = LoggedStore::open(&dir, &options, config)?;
     let report = store.restore_report().clone();
     store.close()?;
@@ -744,16 +768,13 @@ fn measure_restore(
         report.records_per_sec()
     );
 
-    let mut client = rdkafka::ClientConfig::new();
-    client
-        .set("bootstrap.servers", servers)
-        .set("group.id", "kstate-rows-per-second-baseline")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed");
-    for (key, value) in RESTORE_FETCH_SETTINGS {
-        client.set(*key, *value);
-    }
-    let consumer: BaseConsumer = client.create()?;
+    let mut settings = vec![
+        ("group.id", "kstate-rows-per-second-baseline"),
+        ("enable.auto.commit", "false"),
+        ("isolation.level", "read_committed"),
+    ];
+    settings.extend_from_slice(RESTORE_FETCH_SETTINGS);
+    let consumer: BaseConsumer = create_client(cluster, &settings, "baseline consumer")?;
     let (_, high) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(30))?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;

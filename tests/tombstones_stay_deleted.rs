@@ -29,10 +29,16 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 const DIR_ENV: &str = "KSTATE_TOMBSTONE_DIR";
 const TOPIC_ENV: &str = "KSTATE_TOMBSTONE_TOPIC";
 const DELETED: &[u8] = b"deleted-key";
+/// The topic's tombstone retention. Short, so that compaction removes the tombstone within
+/// seconds; four times the one second the rule needs at least, because the age rule counts from
+/// the last flush to the reopen: a killed child's last timer flush, the kill, and a reopen on a
+/// loaded machine (CI runs many tests at once) took over a second there.
+const DELETE_RETENTION_MS: &str = "4000";
 
-/// The flush timer every 100 ms (its default would be a quarter of the topic's one-second
-/// `delete.retention.ms`): well inside the retention, so the reopen below resumes from a fresh
-/// position instead of rebuilding for age, and the test shows the timer, not the age rule.
+/// The flush timer every 100 ms (its default would be a quarter of the topic's
+/// `delete.retention.ms`, [`DELETE_RETENTION_MS`]): well inside the retention, so the reopen
+/// below resumes from a fresh position instead of rebuilding for age, and the test shows the
+/// timer, not the age rule.
 fn config(topic: &str) -> Result<kstate::kstate_kafka::ChangelogConfig> {
     Ok(common::changelog(topic)?
         .durability(Durability::Group(Duration::from_millis(10)))
@@ -96,11 +102,11 @@ fn key_in_changelog(topic: &str, key: &[u8]) -> Result<bool> {
 async fn a_compacted_tombstone_does_not_bring_its_key_back_after_sigkill() -> Result<()> {
     let topic = unique_topic("tombstone");
     // Compaction as eager as the broker allows: segments roll every 100 ms of writes, any dirty
-    // data is worth cleaning, and tombstones live one second once cleaned.
+    // data is worth cleaning, and tombstones live DELETE_RETENTION_MS once cleaned.
     common::create_compacted_topic(
         &topic,
         &[
-            ("delete.retention.ms", "1000"),
+            ("delete.retention.ms", DELETE_RETENTION_MS),
             ("segment.ms", "100"),
             ("min.cleanable.dirty.ratio", "0.01"),
             ("min.compaction.lag.ms", "0"),

@@ -50,9 +50,9 @@
 #                            `scripts/kafka start --secure` prints: its bootstrap.servers is the
 #                            broker, and it goes to every client of both systems (e2e
 #                            --client-properties, the jar's --client-properties, which translates
-#                            it to the Java clients' names). Only for ONLY=e2e, eos and latency
-#                            (rows_per_second and failover.sh take no client properties). The
-#                            password is never printed, and the file is not copied.
+#                            it to the Java clients' names; rows_per_second, count_by_key and
+#                            failover.sh take it too): every part runs over it. The password is
+#                            never printed, and the file is not copied.
 #   KAFKA_BOOTSTRAP_SERVERS  use this broker; otherwise scripts/kafka start (stopped at the end
 #                            only if this script started it)
 #   KSTATE_ROWS_PER_SECOND   kstate's example binary (default
@@ -60,6 +60,7 @@
 #   KS_JAVA_OPTS             extra JVM options for the Kafka Streams runs (space-separated)
 #   E2E_ROWS                 records of the end-to-end runs (default: ROWS)
 #   E2E_PARTITIONS           the end-to-end input's partitions (default 4)
+#   ONLY=base                only the puts and restores (1.-3.)
 #   ONLY=e2e | ONLY=failover run only the end-to-end part (4.) or only the failover (5.);
 #   ONLY=recovery            only the exactly-once recovery (6.): prints recovery-eos only
 #   ONLY=eos                 only the exactly-once end-to-end pair and kstate's at-least-once
@@ -108,19 +109,17 @@ IFS=, read -r -a only_parts <<<"$ONLY"
 for part in "${only_parts[@]}"; do
     case $part in
         all) want_base=1 want_e2e=1 want_failover=1 want_recovery=1 want_latency=1 ;;
+        base) want_base=1 ;;
         e2e) want_e2e=1 ;;
         eos) want_eos=1 ;;
         failover) want_failover=1 ;;
         recovery) want_recovery=1 ;;
         latency) want_latency=1 ;;
-        *) die "ONLY=$ONLY: all, e2e, eos, failover, recovery or latency (or several, comma-separated)" ;;
+        *) die "ONLY=$ONLY: all, base, e2e, eos, failover, recovery or latency (or several, comma-separated)" ;;
     esac
 done
 # The e2e part includes the exactly-once pair.
 [[ $want_e2e == 0 ]] || want_eos=1
-if [[ -n ${CLIENT_PROPERTIES:-} && $want_base$want_failover$want_recovery != 000 ]]; then
-    die "CLIENT_PROPERTIES works with ONLY=e2e, eos and latency only (rows_per_second and failover.sh take no client properties)"
-fi
 # The client properties for every client of both systems.
 E2E_CLIENT=()
 KS_CLIENT=()
@@ -173,7 +172,7 @@ if [[ $want_base == 1 ]]; then
 
 log "a. kstate: rows_per_second --configs logged-group --rows $ROWS --restore-topic $CHANGELOG"
 KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$KSTATE_BIN" --configs logged-group --rows "$ROWS" \
-    --restore-topic "$CHANGELOG" 2>&1 | tee "$LOG_DIR/kstate.log"
+    --restore-topic "$CHANGELOG" "${E2E_CLIENT[@]}" 2>&1 | tee "$LOG_DIR/kstate.log"
 summary='^summary config=logged-group threads=1 rows=[0-9]* ms=\([0-9]*\) rows_per_sec=\([0-9]*\)$'
 restored='^restored \([0-9]*\) records in \([0-9]*\) ms (\([0-9]*\) records/s)$'
 kstate_puts=$(field "$LOG_DIR/kstate.log" "s#$summary#\\2#p" "kstate puts summary")
@@ -188,7 +187,7 @@ touch_lease
 
 log "b. kafka-streams: restore $CHANGELOG"
 java "${JAVA_OPTS[@]}" -jar "$JAR" restore --bootstrap "$BOOTSTRAP" --application-id "$APP" \
-    --store "$STORE" "${DELETE_TOPICS[@]}" 2>&1 | tee "$LOG_DIR/kafka-streams-restore.log"
+    --store "$STORE" "${DELETE_TOPICS[@]}" "${KS_CLIENT[@]}" 2>&1 | tee "$LOG_DIR/kafka-streams-restore.log"
 ks_restored_re='^kafka-streams restored \([0-9]*\) records in \([0-9]*\) ms (\([0-9]*\) records/s)$'
 ks_restore=$(field "$LOG_DIR/kafka-streams-restore.log" "s#$ks_restored_re#\\3#p" \
     "kafka-streams restore line")
@@ -203,7 +202,7 @@ touch_lease
 
 log "c. kafka-streams: puts --rows $ROWS"
 java "${JAVA_OPTS[@]}" -jar "$JAR" puts --bootstrap "$BOOTSTRAP" --rows "$ROWS" \
-    --application-id "$APP-puts" --store "$STORE" "${DELETE_TOPICS[@]}" 2>&1 |
+    --application-id "$APP-puts" --store "$STORE" "${DELETE_TOPICS[@]}" "${KS_CLIENT[@]}" 2>&1 |
     tee "$LOG_DIR/kafka-streams-puts.log"
 ks_puts=$(field "$LOG_DIR/kafka-streams-puts.log" \
     's/^kafka-streams puts rows=[0-9]* ms=[0-9]* rows_per_sec=\([0-9]*\)$/\1/p' \

@@ -48,7 +48,9 @@
 # line ends with until_running_s=<s>: from the kill until the restarted copy said it runs, i.e.
 # process start-up, a JVM's for Kafka Streams.)
 #
-# Environment: KAFKA_BOOTSTRAP_SERVERS (else scripts/kafka start), FAILOVER_MODE (takeover |
+# Environment: CLIENT_PROPERTIES (a librdkafka properties file for a secured broker, as in
+# compare.sh: its bootstrap.servers is the broker, and every client of both systems gets it),
+# KAFKA_BOOTSTRAP_SERVERS (else scripts/kafka start), FAILOVER_MODE (takeover |
 # restart), FAILOVER_ROWS (4000000), FAILOVER_KEY_BYTES (512), FAILOVER_PARTITIONS (8),
 # SESSION_TIMEOUT_MS (6000), HEARTBEAT_MS (500), FAILOVER_SYSTEMS (default "kafka-streams
 # kstate"; one of them prints no comparison), KS_JAVA_OPTS, KSTATE_BIN_DIR (default
@@ -97,8 +99,12 @@ cleanup() {
 }
 trap cleanup EXIT
 broker_up
-e2e() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$E2E_BIN" "$@"; }
-log "broker $BOOTSTRAP; $MODE; $ROWS keys of $KEY_BYTES bytes over $PARTITIONS partitions; logs in $LOG_DIR"
+# The client properties for every client of both systems (kstate's binaries and the jar read the
+# same librdkafka file).
+CLIENT=()
+[[ -z ${CLIENT_PROPERTIES:-} ]] || CLIENT=(--client-properties "$CLIENT_PROPERTIES")
+e2e() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$E2E_BIN" "$@" "${CLIENT[@]}"; }
+log "broker $BOOTSTRAP${CLIENT_PROPERTIES:+ (client properties $CLIENT_PROPERTIES)}; $MODE; $ROWS keys of $KEY_BYTES bytes over $PARTITIONS partitions; logs in $LOG_DIR"
 
 INPUT=$APP-in
 e2e setup --input "$INPUT" --partitions "$PARTITIONS" --rows "$ROWS" --unique --key-bytes "$KEY_BYTES" \
@@ -123,7 +129,7 @@ start() {
         java "${JAVA_OPTS[@]}" -jar "$JAR" serve --bootstrap "$BOOTSTRAP" --application-id "$app" \
             --input "$INPUT" --output "$app-out" --state-dir "$state" \
             --session-timeout-ms "$SESSION_TIMEOUT_MS" --heartbeat-interval-ms "$HEARTBEAT_MS" \
-            "${extra[@]}" > >(stamp >"$out") 2>&1 &
+            "${extra[@]}" "${CLIENT[@]}" > >(stamp >"$out") 2>&1 &
         ;;
     kstate)
         if [[ $MODE == restart ]]; then
@@ -134,7 +140,7 @@ start() {
             --output "$app-out" --state-dir "$state" --commit-interval-ms 100 \
             --consumer-property "session.timeout.ms=$SESSION_TIMEOUT_MS" \
             --consumer-property "heartbeat.interval.ms=$HEARTBEAT_MS" \
-            "${extra[@]}" > >(stamp >"$out") 2>&1 &
+            "${extra[@]}" "${CLIENT[@]}" > >(stamp >"$out") 2>&1 &
         ;;
     esac
     LAST_PID=$!

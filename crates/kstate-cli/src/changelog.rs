@@ -15,8 +15,10 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 /// How to reach the cluster.
 #[derive(Clone, clap::Args)]
 pub(crate) struct KafkaArgs {
-    /// The brokers (host:port,...); overrides the properties file's `bootstrap.servers`.
-    #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS", value_name = "HOST:PORT")]
+    /// The brokers (host:port,...); replaces the properties file's `bootstrap.servers`. When
+    /// neither names them: $KAFKA_BOOTSTRAP_SERVERS (an explicit file wins over the
+    /// environment, so a shell's local broker never receives a secured cluster's credentials).
+    #[arg(long, value_name = "HOST:PORT")]
     bootstrap_servers: Option<String>,
     /// A file of librdkafka client properties (`key=value` lines), e.g. the one a managed Kafka
     /// service hands out with `security.protocol`, `sasl.*` and `ssl.*`. Keeps secrets off the
@@ -44,6 +46,11 @@ impl std::fmt::Debug for KafkaArgs {
     }
 }
 
+/// `$KAFKA_BOOTSTRAP_SERVERS`, the brokers when neither a flag nor a properties file names them.
+fn environment_servers() -> Option<String> {
+    std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok()
+}
+
 fn parse_property(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
@@ -58,21 +65,21 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 impl KafkaArgs {
     /// Whether the cluster was named at all (some subcommands work without one).
     pub(crate) fn given(&self) -> bool {
-        self.bootstrap_servers.is_some() || self.client_properties_file.is_some()
+        self.bootstrap_servers.is_some()
+            || self.client_properties_file.is_some()
+            || environment_servers().is_some()
     }
 
-    /// The client properties: the file's, then `--client-property`, then
-    /// `--bootstrap-servers`.
+    /// The client properties: the cluster as [`ClientProperties::from_sources`] resolves the
+    /// file, `--bootstrap-servers` and `$KAFKA_BOOTSTRAP_SERVERS`, then `--client-property`.
     pub(crate) fn client(&self) -> Result<ClientProperties> {
-        let mut client = match &self.client_properties_file {
-            Some(path) => ClientProperties::from_file(path)?,
-            None => ClientProperties::default(),
-        };
+        let mut client = ClientProperties::from_sources(
+            self.client_properties_file.as_deref(),
+            self.bootstrap_servers.as_deref(),
+            environment_servers().as_deref(),
+        )?;
         for (key, value) in &self.client_properties {
             client.insert(key, value);
-        }
-        if let Some(servers) = &self.bootstrap_servers {
-            client.insert("bootstrap.servers", servers);
         }
         if client.bootstrap_servers().is_empty() {
             bail!(
@@ -108,14 +115,10 @@ impl KafkaArgs {
 
     /// The partition's low and high watermarks (the real end: read_uncommitted).
     pub(crate) fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
+        let servers = self.client()?.bootstrap_servers().to_string();
         self.consumer("read_uncommitted", topic)?
             .fetch_watermarks(topic, partition, QUERY_TIMEOUT)
-            .with_context(|| {
-                format!(
-                    "asking {} for the offsets of {topic}/{partition}",
-                    self.bootstrap_servers.as_deref().unwrap_or("the cluster")
-                )
-            })
+            .with_context(|| format!("asking {servers} for the offsets of {topic}/{partition}"))
     }
 
     /// The changelog `topic`/`partition` folded up to `end` (exclusive), read_committed as

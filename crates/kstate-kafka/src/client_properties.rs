@@ -143,6 +143,34 @@ impl ClientProperties {
         Ok(properties)
     }
 
+    /// The cluster a program's command line names; every kstate binary and example follows this
+    /// one rule. Start from the properties file `file` when given
+    /// ([`from_file`](Self::from_file)). `bootstrap_servers` (a `--bootstrap-servers` flag)
+    /// replaces its `bootstrap.servers` when given. `fallback_servers` (the programs pass
+    /// `$KAFKA_BOOTSTRAP_SERVERS`) is used only when neither names the brokers: an explicit file
+    /// wins over an ambient variable, so a shell's local broker address never receives a secured
+    /// cluster's credentials. When none of the three names the brokers the result has no
+    /// `bootstrap.servers` (see [`bootstrap_servers`](Self::bootstrap_servers)), for the
+    /// program to refuse or to run without a cluster.
+    pub fn from_sources(
+        file: Option<&Path>,
+        bootstrap_servers: Option<&str>,
+        fallback_servers: Option<&str>,
+    ) -> Result<Self, ClientPropertiesError> {
+        let mut properties = match file {
+            Some(path) => ClientProperties::from_file(path)?,
+            None => ClientProperties::default(),
+        };
+        if let Some(servers) = bootstrap_servers {
+            properties.insert(BOOTSTRAP_SERVERS, servers);
+        } else if properties.bootstrap_servers().is_empty()
+            && let Some(servers) = fallback_servers
+        {
+            properties.insert(BOOTSTRAP_SERVERS, servers);
+        }
+        Ok(properties)
+    }
+
     /// Sets a librdkafka property (see librdkafka's CONFIGURATION.md); the last value set wins.
     pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.insert(key, value);
@@ -386,5 +414,37 @@ mod tests {
 
         let missing = ClientProperties::from_file(dir.path().join("absent")).expect_err("absent");
         assert!(missing.to_string().contains("absent"), "{missing}");
+    }
+
+    #[test]
+    fn a_flag_replaces_the_files_brokers_and_the_environment_only_fills_a_gap() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let named = dir.path().join("named.properties");
+        std::fs::write(
+            &named,
+            "bootstrap.servers=cloud:9093\nsecurity.protocol=SASL_SSL\n",
+        )
+        .expect("write");
+        let unnamed = dir.path().join("unnamed.properties");
+        std::fs::write(&unnamed, "security.protocol=SASL_SSL\n").expect("write");
+        let servers = |file: Option<&Path>, flag: Option<&str>, fallback: Option<&str>| {
+            ClientProperties::from_sources(file, flag, fallback)
+                .expect("sources")
+                .bootstrap_servers()
+                .to_string()
+        };
+        let local = Some("localhost:9092");
+        // The file's brokers win over the environment's.
+        assert_eq!(servers(Some(&named), None, local), "cloud:9093");
+        // A flag wins over both.
+        assert_eq!(servers(Some(&named), Some("flag:1"), local), "flag:1");
+        // The environment fills a file without brokers, or no file.
+        assert_eq!(servers(Some(&unnamed), None, local), "localhost:9092");
+        assert_eq!(servers(None, None, local), "localhost:9092");
+        // Nothing names them: no bootstrap.servers, for the program to decide.
+        assert_eq!(servers(None, None, None), "");
+        let client =
+            ClientProperties::from_sources(Some(&named), Some("flag:1"), local).expect("sources");
+        assert_eq!(client.get("security.protocol"), Some("SASL_SSL"));
     }
 }
