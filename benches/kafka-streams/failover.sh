@@ -255,11 +255,10 @@ done
 [[ $SYSTEMS == *kafka-streams* && $SYSTEMS == *kstate* ]] || exit 0
 
 if [[ ${KEEP_TOPICS:-0} == 0 ]]; then
-    for topic in "$INPUT" "$APP-kafka-streams-out" "$APP-kstate-out" \
-        "$APP-kafka-streams-counts-changelog" "$APP-kstate-counts-changelog"; do
-        "$KAFKA_SCRIPT" run-class org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" \
-            --delete --if-exists --topic "$topic" >/dev/null 2>&1 || log "could not delete $topic"
-    done
+    # Through e2e, with the same client properties as every other client.
+    topics=$INPUT,$APP-kafka-streams-out,$APP-kstate-out
+    topics+=,$APP-kafka-streams-counts-changelog,$APP-kstate-counts-changelog
+    e2e delete-topics --topics "$topics" >/dev/null 2>&1 || log "could not delete $topics"
 fi
 
 RESULT=failover

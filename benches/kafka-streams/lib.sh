@@ -41,8 +41,6 @@ broker_up() {
     if [[ -n ${CLIENT_PROPERTIES:-} ]]; then
         # A secured (or any) broker described by a librdkafka properties file: its
         # bootstrap.servers is the broker; the file itself goes to every client.
-        [[ $SCRIPT_NAME == compare.sh ]] ||
-            die "$SCRIPT_NAME takes no CLIENT_PROPERTIES (compare.sh's ONLY=e2e, eos and latency do)"
         [[ -r $CLIENT_PROPERTIES ]] || die "CLIENT_PROPERTIES=$CLIENT_PROPERTIES is not a readable file"
         CLIENT_PROPERTIES=$(cd "$(dirname "$CLIENT_PROPERTIES")" && pwd -P)/$(basename "$CLIENT_PROPERTIES")
         BOOTSTRAP=$(sed -n 's/^[[:space:]]*bootstrap\.servers[[:space:]]*=[[:space:]]*//p' "$CLIENT_PROPERTIES" | tail -n 1)
