@@ -494,6 +494,19 @@ fn restore_and_verify_over_sasl_ssl_and_a_wrong_password_is_named_never_printed(
     printed.push_str(&text(&out.stdout));
     printed.push_str(&text(&out.stderr));
     ensure!(out.status.success(), "{out:?}");
+    // The file names the brokers, so an ambient KAFKA_BOOTSTRAP_SERVERS (here a port nothing
+    // listens on) does not replace them: a shell's local broker address never receives the
+    // file's credentials.
+    let out = Command::new(env!("CARGO_BIN_EXE_kstate"))
+        .args(["verify", b, "--client-properties-file", file_arg])
+        .env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+        .output()?;
+    printed.push_str(&text(&out.stdout));
+    printed.push_str(&text(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "KAFKA_BOOTSTRAP_SERVERS replaced the file's brokers: {out:?}"
+    );
 
     // A wrong password: named as an authentication failure, at once, and never printed.
     let wrong_file = tmp.path().join("wrong.properties");
