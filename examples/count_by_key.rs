@@ -106,17 +106,10 @@ fn parse_args() -> Result<Args> {
         application_id.with_context(|| format!("--application-id is required; {USAGE}"))?;
     // A properties file (`key=value` lines, librdkafka names: `security.protocol`, `sasl.*`,
     // `ssl.*`) keeps secrets off the command line.
-    let client = ClientProperties::from_sources(
+    let client = kstate_bench::cluster::required(
         client_properties.as_deref(),
         bootstrap_servers.as_deref(),
-        std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok().as_deref(),
     )?;
-    if client.bootstrap_servers().is_empty() {
-        bail!(
-            "--bootstrap-servers, a --client-properties file with bootstrap.servers, or \
-             KAFKA_BOOTSTRAP_SERVERS is required"
-        );
-    }
     Ok(Args {
         client,
         state_dir: state_dir.unwrap_or_else(|| std::env::temp_dir().join("kstate-count-by-key")),

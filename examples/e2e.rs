@@ -146,17 +146,10 @@ fn client_properties(flags: &Flags) -> Result<ClientProperties> {
     let file = flags
         .optional("client-properties")
         .map(std::path::Path::new);
-    let client = ClientProperties::from_sources(
+    Ok(kstate_bench::cluster::required(
         file,
         flags.optional("bootstrap-servers"),
-        std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok().as_deref(),
-    )?;
-    anyhow::ensure!(
-        !client.bootstrap_servers().is_empty(),
-        "--bootstrap-servers, a --client-properties file with bootstrap.servers, or \
-         KAFKA_BOOTSTRAP_SERVERS is required"
-    );
-    Ok(client)
+    )?)
 }
 
 /// A fresh input topic with `rows` records (see the module docs).

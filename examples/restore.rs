@@ -3,13 +3,14 @@
 //!
 //! ```text
 //! KAFKA_BOOTSTRAP_SERVERS=host:port cargo run --release --example restore -- --topic NAME \
-//!     [--partition N] [--batch N] [--chunk N] [--client-properties FILE] [--bootstrap-servers HOST:PORT]
+//!     [--partition N] [--batch N] [--chunk N] [--client-properties FILE] \
+//!     [--bootstrap-servers HOST:PORT]
 //! ```
 //!
 //! `--client-properties FILE` reads librdkafka client properties (`key=value` lines) for a TLS
 //! and SASL cluster; `--bootstrap-servers` replaces the file's brokers, and
 //! `$KAFKA_BOOTSTRAP_SERVERS` is used when neither names them
-//! (`kstate_kafka::ClientProperties::from_sources`).
+//! (`kstate_bench::cluster`).
 //!
 //! The directory starts empty, so the restore takes the bulk path: `--chunk` sets its records per
 //! SST file (`ChangelogConfig::bulk_chunk_records`); `--batch` sets the records per write batch of
@@ -23,8 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{Context, Result, bail};
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{
-    BatchRestored, ChangelogConfig, ClientProperties, LoggedStore, OpenHooks, RestoreListener,
-    RestoreStart,
+    BatchRestored, ChangelogConfig, LoggedStore, OpenHooks, RestoreListener, RestoreStart,
 };
 use kstate::kstate_rocksdb::RocksDbOptions;
 
@@ -88,17 +88,10 @@ fn main() -> Result<()> {
         }
     }
     let topic = topic.context("--topic NAME is required")?;
-    let cluster = ClientProperties::from_sources(
+    let cluster = kstate_bench::cluster::required(
         client_properties.as_deref(),
         bootstrap_servers.as_deref(),
-        std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok().as_deref(),
     )?;
-    if cluster.bootstrap_servers().is_empty() {
-        bail!(
-            "--bootstrap-servers, a --client-properties file with bootstrap.servers, or \
-             KAFKA_BOOTSTRAP_SERVERS is required"
-        );
-    }
     let mut config = ChangelogConfig::new(cluster, &topic, partition);
     if let Some(batch) = batch {
         config = config.restore_batch_records(batch);

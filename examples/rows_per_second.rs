@@ -20,7 +20,7 @@
 //! `sasl_ssl.properties` that `scripts/kafka start --secure` prints) for every Kafka client of the
 //! run: a TLS and SASL cluster. `--bootstrap-servers` replaces the file's brokers;
 //! `$KAFKA_BOOTSTRAP_SERVERS` is used when neither names them
-//! (`kstate_kafka::ClientProperties::from_sources`). `--client-property KEY=VALUE` (repeatable)
+//! (`kstate_bench::cluster`). `--client-property KEY=VALUE` (repeatable)
 //! adds a librdkafka property on top, e.g. `compression.type=none`; `--linger-ms N` sets the
 //! logged configurations' producer linger (`ChangelogConfig::linger`).
 //!
@@ -680,8 +680,9 @@ fn main() -> Result<()> {
     }
     if !skipped.is_empty() {
         println!(
-            "skipped {} (they need a Kafka broker): set KAFKA_BOOTSTRAP_SERVERS, or run \
-             scripts/rows-per-second, which starts one",
+            "skipped {} (they need a Kafka broker): set KAFKA_BOOTSTRAP_SERVERS, give \
+             --bootstrap-servers or --client-properties FILE, or run scripts/rows-per-second, \
+             which starts one",
             skipped.join(",")
         );
     }
@@ -725,14 +726,13 @@ fn print_ratios(results: &[ConfigResult]) {
 /// The cluster the flags and the environment name (see the module docs), with
 /// `--client-property` on top; `None` when nothing names one.
 fn cluster(args: &Args) -> Result<Option<ClientProperties>> {
-    let mut cluster = ClientProperties::from_sources(
+    let Some(mut cluster) = kstate_bench::cluster::named(
         args.client_properties_file.as_deref(),
         args.bootstrap_servers.as_deref(),
-        std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok().as_deref(),
-    )?;
-    if cluster.bootstrap_servers().trim().is_empty() {
+    )?
+    else {
         return Ok(None);
-    }
+    };
     for (key, value) in &args.client_properties {
         cluster.insert(key, value);
     }

@@ -29,15 +29,15 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 const DIR_ENV: &str = "KSTATE_TOMBSTONE_DIR";
 const TOPIC_ENV: &str = "KSTATE_TOMBSTONE_TOPIC";
 const DELETED: &[u8] = b"deleted-key";
-/// The topic's tombstone retention. Short, so that compaction removes the tombstone within
-/// seconds; four times the one second the rule needs at least, because the age rule counts from
-/// the last flush to the reopen: a killed child's last timer flush, the kill, and a reopen on a
-/// loaded machine (CI runs many tests at once) took over a second there.
+/// The first test's tombstone retention. Short, so that compaction removes the tombstone within
+/// seconds, but long enough that the reopen still finds the stored position younger than it:
+/// the age rule counts from the killed child's last timer flush to the reopen, and on a loaded
+/// machine (CI runs many tests at once) that took over a second with a retention of one second.
 const DELETE_RETENTION_MS: &str = "4000";
 
 /// The flush timer every 100 ms (its default would be a quarter of the topic's
-/// `delete.retention.ms`, [`DELETE_RETENTION_MS`]): well inside the retention, so the reopen
-/// below resumes from a fresh position instead of rebuilding for age, and the test shows the
+/// `delete.retention.ms`): well inside the first test's retention ([`DELETE_RETENTION_MS`]), so
+/// its reopen resumes from a fresh position instead of rebuilding for age, and it shows the
 /// timer, not the age rule.
 fn config(topic: &str) -> Result<kstate::kstate_kafka::ChangelogConfig> {
     Ok(common::changelog(topic)?

@@ -53,8 +53,9 @@
 #                            it to the Java clients' names; rows_per_second, count_by_key and
 #                            failover.sh take it too): every part runs over it. The password is
 #                            never printed, and the file is not copied.
-#   KAFKA_BOOTSTRAP_SERVERS  use this broker; otherwise scripts/kafka start (stopped at the end
-#                            only if this script started it)
+#   KAFKA_BOOTSTRAP_SERVERS  use this broker when CLIENT_PROPERTIES is not given; otherwise
+#                            scripts/kafka start (stopped at the end only if this script
+#                            started it)
 #   KSTATE_ROWS_PER_SECOND   kstate's example binary (default
 #                            $HOME/.cache/kstate-target/release/examples/rows_per_second)
 #   KS_JAVA_OPTS             extra JVM options for the Kafka Streams runs (space-separated)

@@ -41,6 +41,15 @@ pub enum BenchError {
         /// serde_json's error.
         source: serde_json::Error,
     },
+    /// A client properties file could not be read.
+    #[error(transparent)]
+    ClientProperties(#[from] kstate_kafka::ClientPropertiesError),
+    /// Nothing names the brokers, or a file or flag names none.
+    #[error(
+        "no Kafka brokers named: give --bootstrap-servers, a --client-properties file with \
+         bootstrap.servers, or set KAFKA_BOOTSTRAP_SERVERS"
+    )]
+    NoCluster,
     /// Two histograms could not be merged (different bounds).
     #[error("merge latency histograms: {0}")]
     Histogram(#[from] hdrhistogram::errors::AdditionError),

@@ -42,7 +42,8 @@ pub fn create_client<T: FromClientConfig>(
         .map_err(BenchError::kafka(what))
 }
 
-/// Creates `topic` with `partitions` partitions (replication factor 1) and `settings`.
+/// Creates `topic` with `partitions` partitions (replication factor 1) and `settings`, and
+/// returns once the broker serves every partition (see [`wait_for_leaders`], which blocks).
 pub async fn create_topic(
     client: impl Into<ClientProperties>,
     topic: &str,
@@ -68,13 +69,15 @@ pub async fn create_topic(
 /// How long [`create_topic`] waits for a new topic's partitions to appear with leaders.
 const TOPIC_PROPAGATION_LIMIT: Duration = Duration::from_secs(30);
 
-/// Waits until the broker's metadata lists every one of `topic`'s `partitions` with a leader.
+/// Waits until the broker's metadata lists every one of `topic`'s `partitions` (at least one
+/// when `partitions` is -1, the broker's default) with a leader.
 ///
 /// A successful CreateTopics means the controller has committed the topic, not that the
 /// brokers have applied it: under load the broker's metadata can lag by a second or more, and a
 /// client asking in that window is told the partition does not exist (a watermark query fails
 /// with `UnknownPartition`). This is the wait Kafka's own test harness does after creating a
-/// topic (`TestUtils.createTopic`).
+/// topic (`TestUtils.createTopic`). It blocks the calling thread (this crate has no async
+/// runtime); a failed metadata request is retried until the limit.
 fn wait_for_leaders<C: rdkafka::client::ClientContext>(
     client: &rdkafka::client::Client<C>,
     topic: &str,
@@ -82,27 +85,39 @@ fn wait_for_leaders<C: rdkafka::client::ClientContext>(
 ) -> Result<(), BenchError> {
     let deadline = Instant::now() + TOPIC_PROPAGATION_LIMIT;
     loop {
-        let metadata = client
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .map_err(BenchError::kafka(format!("read the metadata of {topic}")))?;
-        let led = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic && t.error().is_none())
-            .map_or(0, |t| {
-                t.partitions()
+        let led = client
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .map(|metadata| {
+                metadata
+                    .topics()
                     .iter()
-                    .filter(|p| p.error().is_none() && p.leader() >= 0)
-                    .count()
+                    .find(|t| t.name() == topic && t.error().is_none())
+                    .map_or(0, |t| {
+                        t.partitions()
+                            .iter()
+                            .filter(|p| p.error().is_none() && p.leader() >= 0)
+                            .count()
+                    })
             });
-        if led == partitions as usize {
+        let complete = match (&led, usize::try_from(partitions)) {
+            (Ok(led), Ok(wanted)) => *led == wanted,
+            (Ok(led), Err(_)) => *led > 0,
+            (Err(_), _) => false,
+        };
+        if complete {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(BenchError::Broker(format!(
-                "topic {topic} was created, but after {TOPIC_PROPAGATION_LIMIT:?} the broker \
-                 lists {led} of its {partitions} partitions with a leader"
-            )));
+            return Err(match led {
+                Err(source) => BenchError::Kafka {
+                    what: format!("read the metadata of the new topic {topic}"),
+                    source,
+                },
+                Ok(led) => BenchError::Broker(format!(
+                    "topic {topic} was created, but after {TOPIC_PROPAGATION_LIMIT:?} the \
+                     broker lists {led} of its {partitions} partitions with a leader"
+                )),
+            });
         }
         std::thread::sleep(Duration::from_millis(50));
     }

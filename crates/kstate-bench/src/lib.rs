@@ -11,8 +11,10 @@
 //! - [`report`]: writes a result as pretty JSON.
 //! - [`workload`]: the seeded rows every configuration writes, and wide unique keys.
 //! - [`flags`]: `--name value` command lines.
+//! - [`cluster`]: the Kafka cluster (and its security) a command line names.
 //! - [`kafka`]: topics, an acknowledged producer, and broker append times of an output topic.
 
+pub mod cluster;
 pub mod error;
 pub mod flags;
 pub mod kafka;

@@ -26,7 +26,7 @@ pub(crate) struct KafkaArgs {
     #[arg(long, env = "KSTATE_CLIENT_PROPERTIES", value_name = "FILE")]
     client_properties_file: Option<PathBuf>,
     /// A librdkafka property for every client, e.g. `security.protocol=SSL` (repeatable;
-    /// overrides the file).
+    /// applied last: overrides the file and `--bootstrap-servers`).
     #[arg(long = "client-property", value_name = "KEY=VALUE", value_parser = parse_property)]
     client_properties: Vec<(String, String)>,
 }
