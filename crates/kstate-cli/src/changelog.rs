@@ -29,6 +29,10 @@ pub(crate) struct KafkaArgs {
     /// applied last: overrides the file and `--bootstrap-servers`).
     #[arg(long = "client-property", value_name = "KEY=VALUE", value_parser = parse_property)]
     client_properties: Vec<(String, String)>,
+    /// [`client`](Self::client)'s answer, resolved once per command: every client of the
+    /// command then sees the same properties file contents.
+    #[arg(skip)]
+    resolved: std::sync::OnceLock<ClientProperties>,
 }
 
 /// Secrets stay out of `{:?}`: the properties are shown as [`ClientProperties`] shows them.
@@ -73,6 +77,9 @@ impl KafkaArgs {
     /// The client properties: the cluster as [`ClientProperties::from_sources`] resolves the
     /// file, `--bootstrap-servers` and `$KAFKA_BOOTSTRAP_SERVERS`, then `--client-property`.
     pub(crate) fn client(&self) -> Result<ClientProperties> {
+        if let Some(client) = self.resolved.get() {
+            return Ok(client.clone());
+        }
         let mut client = ClientProperties::from_sources(
             self.client_properties_file.as_deref(),
             self.bootstrap_servers.as_deref(),
@@ -87,7 +94,7 @@ impl KafkaArgs {
                  KAFKA_BOOTSTRAP_SERVERS), or a --client-properties-file with bootstrap.servers"
             );
         }
-        Ok(client)
+        Ok(self.resolved.get_or_init(|| client).clone())
     }
 
     /// A changelog config for `topic`/`partition` with these connection settings.
