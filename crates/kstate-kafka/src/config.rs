@@ -262,3 +262,75 @@ impl ChangelogConfig {
         self.client.bootstrap_servers()
     }
 }
+
+/// The settings of a [`SharedProducer`](crate::SharedProducer) that is not one store's own: a
+/// task runtime's worker producer, which carries many stores' changelogs and the task's outputs.
+/// Errors of such a producer name its cluster, not a topic it may never write.
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    pub(crate) client: ClientProperties,
+    pub(crate) delivery_timeout: Duration,
+    pub(crate) linger: Duration,
+    pub(crate) max_record_bytes: usize,
+    pub(crate) init_timeout: Duration,
+}
+
+impl ProducerConfig {
+    /// A producer on the cluster `client` names, with the changelog defaults: delivery timeout
+    /// 60 s, linger [`DEFAULT_LINGER`], records up to [`DEFAULT_MAX_RECORD_BYTES`], and 30 s for
+    /// a transactional producer's `init_transactions` (plus its transaction timeout).
+    pub fn new(client: impl Into<ClientProperties>) -> Self {
+        ProducerConfig {
+            client: client.into(),
+            delivery_timeout: Duration::from_secs(60),
+            linger: DEFAULT_LINGER,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            init_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// How long a record is retried before it fails (`message.timeout.ms`), and the longest a
+    /// send waits for room in the producer's queue.
+    pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
+        self.delivery_timeout = timeout;
+        self
+    }
+
+    /// `linger.ms`.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
+    /// The largest record the producer takes (its `message.max.bytes` is at least this plus
+    /// framing, and at least librdkafka's default of 1,000,000).
+    pub fn max_record_bytes(mut self, bytes: usize) -> Self {
+        self.max_record_bytes = bytes.max(1);
+        self
+    }
+
+    /// How long `init_transactions` may wait for the broker, on top of the transaction timeout.
+    pub fn init_timeout(mut self, timeout: Duration) -> Self {
+        self.init_timeout = timeout;
+        self
+    }
+
+    /// The client properties, bootstrap servers included.
+    pub fn client(&self) -> &ClientProperties {
+        &self.client
+    }
+}
+
+impl From<&ChangelogConfig> for ProducerConfig {
+    /// A store's own producer: the changelog's client, delivery timeout, linger (by its opening
+    /// durability mode) and record limit.
+    fn from(config: &ChangelogConfig) -> Self {
+        ProducerConfig {
+            client: config.client.clone(),
+            delivery_timeout: config.delivery_timeout,
+            linger: config.effective_linger(),
+            max_record_bytes: config.max_record_bytes,
+            init_timeout: config.open_timeout,
+        }
+    }
+}

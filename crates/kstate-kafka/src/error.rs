@@ -48,6 +48,23 @@ pub enum ChangelogError {
     OutputFailed {
         /// Which output, and the client's error.
         message: String,
+        /// The client's error code, when the broker or librdkafka gave one (a record over
+        /// `message.max.bytes`, a partition the topic lacks, a denied write, ...); `None` when
+        /// the outputs were not acknowledged in time.
+        code: Option<rdkafka::types::RDKafkaErrorCode>,
+    },
+
+    /// A producer that is not one store's own ([`ProducerConfig`](crate::ProducerConfig)) could
+    /// not be created or initialised.
+    #[error("producer for {bootstrap_servers}: {operation} failed: {source}")]
+    Producer {
+        /// The cluster.
+        bootstrap_servers: String,
+        /// What was being done.
+        operation: &'static str,
+        /// The client's error.
+        #[source]
+        source: rdkafka::error::KafkaError,
     },
 
     /// The restore was cancelled through its [`CancelToken`](crate::CancelToken).
@@ -266,6 +283,11 @@ pub enum TransactionError {
         operation: &'static str,
         /// The client's error.
         message: String,
+        /// The broker fenced the producer: a newer producer with the same transactional id
+        /// exists, or the broker aborted a transaction of ours that stayed open past
+        /// `transaction.timeout.ms` (which bumps the producer's epoch). Otherwise the producer
+        /// failed some other way (an abort that could not complete, a begin refused).
+        fenced: bool,
     },
     /// A store cannot go on: it could not apply a committed transaction, or its changelog
     /// disagrees with it (another writer). Reopen it (the restore replays what it lacks).
@@ -285,6 +307,11 @@ impl TransactionError {
     /// Whether the transaction was aborted and everything may go on after a rewind.
     pub fn is_aborted(&self) -> bool {
         matches!(self, TransactionError::Aborted { .. })
+    }
+
+    /// Whether the broker fenced the producer (see [`TransactionError::Fatal`]'s `fenced`).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, TransactionError::Fatal { fenced: true, .. })
     }
 }
 

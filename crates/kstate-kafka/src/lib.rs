@@ -39,7 +39,9 @@ mod topic;
 mod transaction;
 
 pub use client_properties::{ClientProperties, REDACTED, is_sensitive};
-pub use config::{ChangelogConfig, DEFAULT_LINGER, DEFAULT_MAX_RECORD_BYTES, LostChangelog};
+pub use config::{
+    ChangelogConfig, DEFAULT_LINGER, DEFAULT_MAX_RECORD_BYTES, LostChangelog, ProducerConfig,
+};
 pub use connection::{ConnectionWatch, MetadataError, SecurityFailure, fetch_metadata};
 pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
 pub use error::{ChangelogError, ClientPropertiesError, TransactionError};

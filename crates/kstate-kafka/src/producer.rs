@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use kstate_core::PoisonReason;
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::Message;
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 
-use crate::config::ChangelogConfig;
+use crate::config::{ChangelogConfig, ProducerConfig};
 use crate::error::ChangelogError;
 use crate::transaction::{Transaction, TransactionMember};
 
@@ -349,8 +349,8 @@ struct OutputCounts {
     sent: u64,
     /// Delivered or failed: no longer in flight.
     settled: u64,
-    /// The first output that could not be delivered.
-    failed: Option<String>,
+    /// The first output that could not be delivered: why, and the client's error code.
+    failed: Option<(String, Option<RDKafkaErrorCode>)>,
     waiters: u32,
 }
 
@@ -359,7 +359,7 @@ impl OutputAcks {
         self.counts.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn settled(&self, failure: Option<String>) {
+    fn settled(&self, failure: Option<(String, Option<RDKafkaErrorCode>)>) {
         let mut counts = self.lock();
         counts.settled += 1;
         if counts.failed.is_none() {
@@ -392,11 +392,12 @@ impl ProducerContext for Router {
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
         if opaque == OUTPUT_OPAQUE {
             let failure = result.as_ref().err().map(|(error, message)| {
-                format!(
+                let text = format!(
                     "output to {}/{} was not delivered: {error}",
                     message.topic(),
                     message.partition()
-                )
+                );
+                (text, error.rdkafka_error_code())
             });
             self.outputs.settled(failure);
             return;
@@ -452,12 +453,17 @@ impl std::fmt::Debug for SharedProducer {
 impl SharedProducer {
     /// A producer with `config`'s client settings.
     pub fn new(config: &ChangelogConfig) -> Result<Self, ChangelogError> {
+        Self::build(&config.into(), None)
+    }
+
+    /// A producer with settings of its own, not one store's (a task runtime's worker).
+    pub fn with_config(config: &ProducerConfig) -> Result<Self, ChangelogError> {
         Self::build(config, None)
     }
 
     /// A producer, transactional when `transaction` is given (not yet initialised).
     pub(crate) fn build(
-        config: &ChangelogConfig,
+        config: &ProducerConfig,
         transaction: Option<Transaction>,
     ) -> Result<Self, ChangelogError> {
         let outputs = Arc::new(OutputAcks::default());
@@ -502,7 +508,7 @@ impl SharedProducer {
             )
             .set(
                 "linger.ms",
-                format!("{}", config.effective_linger().as_micros() as f64 / 1e3),
+                format!("{}", config.linger.as_micros() as f64 / 1e3),
             )
             .set(
                 "message.max.bytes",
@@ -513,9 +519,8 @@ impl SharedProducer {
         let producer = client
             .create_with_context(context)
             .map_err(|source| config.client.redact_error(source))
-            .map_err(|source| ChangelogError::Kafka {
-                topic: config.topic.clone(),
-                partition: config.partition,
+            .map_err(|source| ChangelogError::Producer {
+                bootstrap_servers: config.client.bootstrap_servers().to_string(),
                 operation: "create producer",
                 source,
             })?;
@@ -523,7 +528,7 @@ impl SharedProducer {
             inner: Arc::new(producer),
             outputs,
             routes,
-            bootstrap_servers: config.bootstrap_servers().into(),
+            bootstrap_servers: config.client.bootstrap_servers().into(),
             transaction: transaction.map(Arc::new),
         })
     }
@@ -532,17 +537,22 @@ impl SharedProducer {
     fn send_routed(
         &self,
         topic: &str,
-        partition: i32,
+        partition: Option<i32>,
         key: &[u8],
         value: Option<&[u8]>,
+        headers: Option<OwnedHeaders>,
         opaque: usize,
         queue_timeout: Duration,
     ) -> Result<(), (KafkaError, Duration)> {
-        let mut record = BaseRecord::with_opaque_to(topic, opaque)
-            .partition(partition)
-            .key(key);
+        let mut record = BaseRecord::with_opaque_to(topic, opaque).key(key);
+        if let Some(partition) = partition {
+            record = record.partition(partition);
+        }
         if let Some(value) = value {
             record = record.payload(value);
+        }
+        if let Some(headers) = headers {
+            record = record.headers(headers);
         }
         let mut deadline = None;
         loop {
@@ -572,13 +582,59 @@ impl SharedProducer {
         value: Option<&[u8]>,
         queue_timeout: Duration,
     ) -> Result<(), ChangelogError> {
-        self.send_routed(topic, partition, key, value, OUTPUT_OPAQUE, queue_timeout)
-            .map_err(|(source, _)| ChangelogError::Kafka {
-                topic: topic.to_string(),
-                partition,
-                operation: "send output",
-                source,
-            })?;
+        self.send_routed(
+            topic,
+            Some(partition),
+            key,
+            value,
+            None,
+            OUTPUT_OPAQUE,
+            queue_timeout,
+        )
+        .map_err(|(source, _)| ChangelogError::Kafka {
+            topic: topic.to_string(),
+            partition,
+            operation: "send output",
+            source,
+        })?;
+        self.outputs.lock().sent += 1;
+        Ok(())
+    }
+
+    /// Sends a record with `headers` to `topic`, partitioned by librdkafka's partitioner (a
+    /// dead-letter record: the failed input's key and value, headers naming the failure). Its
+    /// delivery is checked by [`flush`](Self::flush), like an output's, and under a transaction
+    /// it is part of it.
+    pub fn send_with_headers(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[(&str, &[u8])],
+        queue_timeout: Duration,
+    ) -> Result<(), ChangelogError> {
+        let mut owned = OwnedHeaders::new_with_capacity(headers.len());
+        for (name, value) in headers {
+            owned = owned.insert(Header {
+                key: name,
+                value: Some(*value),
+            });
+        }
+        self.send_routed(
+            topic,
+            None,
+            key.unwrap_or_default(),
+            value,
+            Some(owned),
+            OUTPUT_OPAQUE,
+            queue_timeout,
+        )
+        .map_err(|(source, _)| ChangelogError::Kafka {
+            topic: topic.to_string(),
+            partition: -1,
+            operation: "send a dead-letter record",
+            source,
+        })?;
         self.outputs.lock().sent += 1;
         Ok(())
     }
@@ -594,9 +650,10 @@ impl SharedProducer {
         let deadline = Instant::now() + timeout;
         let mut counts = self.outputs.lock();
         loop {
-            if let Some(message) = &counts.failed {
+            if let Some((message, code)) = &counts.failed {
                 return Err(ChangelogError::OutputFailed {
                     message: message.clone(),
+                    code: *code,
                 });
             }
             if counts.settled >= counts.sent {
@@ -609,6 +666,7 @@ impl SharedProducer {
                         "{} outputs not acknowledged within {timeout:?}",
                         counts.sent - counts.settled
                     ),
+                    code: None,
                 });
             }
             counts.waiters += 1;
@@ -696,9 +754,10 @@ impl ChangelogProducer {
         let opaque = self.route | (seq & SEQ_MASK) as usize;
         let sent = self.producer.send_routed(
             &self.topic,
-            self.partition,
+            Some(self.partition),
             key,
             value,
+            None,
             opaque,
             queue_timeout,
         );

@@ -33,10 +33,10 @@ use std::time::{Duration, Instant};
 use kstate_core::PoisonReason;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::ConsumerGroupMetadata;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 
-use crate::config::ChangelogConfig;
+use crate::config::{ChangelogConfig, ProducerConfig};
 use crate::error::{ChangelogError, TransactionError};
 use crate::producer::SharedProducer;
 
@@ -91,12 +91,26 @@ enum Failure {
 enum Next {
     Retry,
     Abort(String),
-    Fatal(String),
+    /// The message, and whether the broker fenced the producer.
+    Fatal(String, bool),
+}
+
+/// Whether a fatal error is the broker fencing the producer: a newer producer with the same
+/// transactional id, or our own transaction timed out and the broker bumped our epoch.
+fn is_fencing(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+    )
 }
 
 fn classify(error: &KafkaError) -> Next {
     match error {
-        KafkaError::Transaction(e) if e.is_fatal() => Next::Fatal(e.to_string()),
+        KafkaError::Transaction(e) if e.is_fatal() => {
+            Next::Fatal(e.to_string(), is_fencing(e.code()))
+        }
         KafkaError::Transaction(e) if e.txn_requires_abort() => Next::Abort(e.to_string()),
         KafkaError::Transaction(e) if e.is_retriable() => Next::Retry,
         // Neither retriable nor fatal: try an abort, which fails fatally if it must.
@@ -119,6 +133,17 @@ impl SharedProducer {
         transactional_id: impl Into<String>,
         transaction_timeout: Duration,
     ) -> Result<Self, ChangelogError> {
+        Self::transactional_with(&config.into(), transactional_id, transaction_timeout)
+    }
+
+    /// [`transactional`](Self::transactional) with a [`ProducerConfig`] of its own (a task
+    /// runtime's worker producer): `init_transactions` waits up to the config's init timeout
+    /// plus the transaction timeout.
+    pub fn transactional_with(
+        config: &ProducerConfig,
+        transactional_id: impl Into<String>,
+        transaction_timeout: Duration,
+    ) -> Result<Self, ChangelogError> {
         let id = transactional_id.into();
         let producer = Self::build(
             config,
@@ -128,15 +153,14 @@ impl SharedProducer {
                 commit_requested: AtomicBool::new(false),
             }),
         )?;
-        let kafka = |operation, source| ChangelogError::Kafka {
-            topic: config.topic.clone(),
-            partition: config.partition,
+        let kafka = |operation, source| ChangelogError::Producer {
+            bootstrap_servers: config.client.bootstrap_servers().to_string(),
             operation,
             source,
         };
         producer
             .inner
-            .init_transactions(config.open_timeout + transaction_timeout)
+            .init_transactions(config.init_timeout + transaction_timeout)
             .map_err(|e| kafka("init transactions", e))?;
         producer
             .inner
@@ -166,6 +190,7 @@ impl SharedProducer {
                 operation: "transaction",
                 message: "this producer is not transactional (SharedProducer::transactional)"
                     .into(),
+                fenced: false,
             })
     }
 
@@ -325,11 +350,12 @@ impl SharedProducer {
                 Next::Abort(message) => {
                     return Err(Failure::Abort(format!("{operation}: {message}")));
                 }
-                Next::Fatal(message) => {
+                Next::Fatal(message, fenced) => {
                     return Err(Failure::Done(TransactionError::Fatal {
                         transactional_id: transaction.id.clone(),
                         operation,
                         message,
+                        fenced,
                     }));
                 }
             }
@@ -360,6 +386,7 @@ impl SharedProducer {
                         transactional_id: transaction.id.clone(),
                         operation: "abort",
                         message,
+                        fenced: false,
                     }
                 }
             };
@@ -382,10 +409,12 @@ impl SharedProducer {
         members: &[Arc<dyn TransactionMember>],
     ) -> Result<(), TransactionError> {
         self.inner.begin_transaction().map_err(|e| {
+            let fenced = matches!(&e, KafkaError::Transaction(t) if is_fencing(t.code()));
             let fatal = TransactionError::Fatal {
                 transactional_id: transaction.id.clone(),
                 operation: "begin",
                 message: e.to_string(),
+                fenced,
             };
             self.failed_for_good(members, &fatal);
             fatal

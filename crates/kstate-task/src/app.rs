@@ -3,7 +3,6 @@
 //! Everything here returns at once or is `async`, so a tokio program can hold a [`Running`]
 //! (the workers are plain threads: processing is synchronous).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -14,39 +13,12 @@ use kstate_kafka::{ClientProperties, ConnectionWatch};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
 
-use crate::config::{AppBuilder, AppConfig, GroupProtocol, ProcessorFactory, StoreHandle};
-use crate::error::TaskError;
-use crate::status::{Registry, TaskStatus, lock};
-
-/// What every worker shares.
-pub(crate) struct AppShared {
-    pub(crate) config: AppConfig,
-    pub(crate) factory: ProcessorFactory,
-    /// The input topics' (common) partition count.
-    pub(crate) partitions: i32,
-    pub(crate) registry: Registry,
-    stop: AtomicBool,
-    state: tokio::sync::watch::Sender<AppState>,
-}
-
-impl AppShared {
-    pub(crate) fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
-    }
-}
-
-/// Where the application is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AppState {
-    /// Workers are running (their tasks may be restoring: see [`Running::tasks`]).
-    Running,
-    /// Shutting down: final commits, stores closing, leaving the group.
-    Stopping,
-    /// Every worker ended cleanly.
-    Stopped,
-    /// A worker failed; the others were stopped. The message is the first failure.
-    Failed(String),
-}
+use crate::builder::AppBuilder;
+use crate::config::{AppConfig, GroupProtocol, ProcessorFactory};
+use crate::error::{TaskError, panic_message};
+use crate::shared::{AppShared, AppState};
+use crate::status::{TaskStatus, lock};
+use crate::stores::StoreHandle;
 
 /// An application, ready to start.
 pub struct App {
@@ -73,15 +45,8 @@ impl App {
     /// Checks the inputs (they exist and are co-partitioned) and starts the workers.
     pub fn start(self) -> Result<Running, TaskError> {
         let partitions = input_partitions(&self.config)?;
-        let (state, state_rx) = tokio::sync::watch::channel(AppState::Running);
-        let shared = Arc::new(AppShared {
-            config: self.config,
-            factory: self.factory,
-            partitions,
-            registry: Registry::default(),
-            stop: AtomicBool::new(false),
-            state,
-        });
+        let shared = Arc::new(AppShared::new(self.config, self.factory, partitions));
+        let state = shared.state.subscribe();
         let mut handles = Vec::new();
         for index in 0..shared.config.threads {
             let (jobs, job_rx) = std::sync::mpsc::channel();
@@ -96,17 +61,25 @@ impl App {
             let worker = std::thread::Builder::new()
                 .name(format!("kstate-worker-{index}"))
                 .spawn(move || {
-                    let result = crate::worker::run(index, app.clone(), done_rx, jobs);
-                    if let Err(e) = &result {
+                    // A processor's panic is caught where it is called; this is for the
+                    // runtime's own.
+                    let run = std::panic::AssertUnwindSafe(|| {
+                        crate::worker::run(index, app.clone(), done_rx, jobs)
+                    });
+                    let result = std::panic::catch_unwind(run).unwrap_or_else(|payload| {
+                        Err(TaskError::Thread {
+                            name: format!("kstate-worker-{index}"),
+                            message: format!("panicked: {}", panic_message(&*payload)),
+                        })
+                    });
+                    if let Err(e) = result {
                         // One failed worker stops the application: a restart restores.
-                        app.state.send_replace(AppState::Failed(e.to_string()));
-                        app.stop.store(true, Ordering::Release);
+                        app.failed(Arc::new(e));
                     }
                     // The worker dropped its job sender: the restorer ends after its job.
                     if restorer.join().is_err() {
                         tracing::error!(worker = index, "the restorer thread panicked");
                     }
-                    result
                 })
                 .map_err(|e| thread_error(format!("kstate-worker-{index}"), e))?;
             handles.push(worker);
@@ -115,12 +88,13 @@ impl App {
             application_id = %shared.config.application_id,
             threads = shared.config.threads,
             partitions,
+            protocol = shared.config.group_protocol.name(),
             "application started"
         );
         Ok(Running {
             shared,
             workers: Mutex::new(handles),
-            state: state_rx,
+            state,
         })
     }
 }
@@ -157,7 +131,9 @@ pub(crate) fn consumer_config(config: &AppConfig) -> ClientConfig {
             client.set("partition.assignment.strategy", "range");
         }
         GroupProtocol::Consumer => {
-            client.set("group.protocol", "consumer");
+            client
+                .set("group.protocol", "consumer")
+                .set("group.remote.assignor", "range");
         }
     }
     for (key, value) in &config.consumer_properties {
@@ -172,10 +148,10 @@ fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
         .client
         .client_config()
         .create_with_context(ConnectionWatch::default())
-        .map_err(|source| TaskError::Kafka {
-            operation: "create metadata client",
-            topic: config.inputs.join(","),
-            partition: -1,
+        .map_err(|source| TaskError::Consumer {
+            worker: 0,
+            operation: "create the metadata client",
+            inputs: config.inputs.join(","),
             source: config.client.redact_error(source),
         })?;
     let mut counts = Vec::new();
@@ -215,14 +191,14 @@ fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
 /// A running application.
 pub struct Running {
     shared: Arc<AppShared>,
-    workers: Mutex<Vec<JoinHandle<Result<(), TaskError>>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
     state: tokio::sync::watch::Receiver<AppState>,
 }
 
 impl Running {
     /// Asks every worker to commit, close its stores and leave the group; returns at once.
     pub fn shutdown(&self) {
-        if !self.shared.stop.swap(true, Ordering::AcqRel) {
+        if self.shared.stop() {
             self.shared.state.send_if_modified(|s| {
                 if *s == AppState::Running {
                     *s = AppState::Stopping;
@@ -253,31 +229,31 @@ impl Running {
         }
     }
 
-    /// Blocks until every worker ended; returns the first failure. Call after
-    /// [`shutdown`](Self::shutdown), or to run until a failure.
-    pub fn wait(&self) -> Result<(), TaskError> {
+    /// Blocks until every worker ended; returns the first failure (the one
+    /// [`AppState::Failed`] holds). Call after [`shutdown`](Self::shutdown), or to run until a
+    /// failure.
+    pub fn wait(&self) -> Result<(), Arc<TaskError>> {
         let handles = std::mem::take(&mut *lock(&self.workers));
-        let mut first = Ok(());
         for handle in handles {
-            let result = handle.join().unwrap_or_else(|_| {
-                Err(TaskError::Thread {
-                    name: "kstate-worker".into(),
-                    message: "panicked".into(),
-                })
-            });
-            if first.is_ok() {
-                first = result;
-            }
+            // A worker reports its failure into the state before it ends; a panic outside
+            // the worker's own code cannot happen (the thread's body catches it).
+            let _ = handle.join();
         }
-        self.shared.state.send_if_modified(|s| {
-            if matches!(s, AppState::Failed(_)) {
+        let mut failure = None;
+        self.shared.state.send_if_modified(|s| match s {
+            AppState::Failed(e) => {
+                failure = Some(e.clone());
                 false
-            } else {
+            }
+            _ => {
                 *s = AppState::Stopped;
                 true
             }
         });
-        first
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Every task of this process: state, restore progress, records processed.

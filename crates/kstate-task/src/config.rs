@@ -1,32 +1,85 @@
-//! [`AppBuilder`]: an application is an id, a cluster, co-partitioned input topics, named typed
-//! stores and a processor factory. Every setting has a documented default.
+//! What an application runs with: its settings ([`AppConfig`], made by the
+//! [`AppBuilder`](crate::AppBuilder)), and the choices a user makes in them — the group
+//! protocol, the processing guarantee, the error policy, each store's options.
+//!
+//! # Why the group protocol decides correctness with several inputs
+//! Task *p* is partition *p* of every input, so one member must own all of them. librdkafka has
+//! no pluggable assignor (confluentinc/librdkafka#2284), so kstate cannot bring its own the way
+//! Kafka Streams does; it picks assignors that co-partition by construction:
+//! - the classic `range` assignor ([`GroupProtocol::Eager`]) hands out the same range of
+//!   partition numbers of every topic with the same partition count and the same subscribers
+//!   (librdkafka's `rd_kafka_assign_co_partitioned`, rack-aware or not);
+//! - KIP-848's broker-side `range` assignor ([`GroupProtocol::Consumer`] sets
+//!   `group.remote.assignor=range`) does the same for members with the same subscription.
+//!
+//! `cooperative-sticky` and KIP-848's default `uniform` balance topic-partitions one by one and
+//! split task *p* over two members (librdkafka's own unit test assigns {t1-0, t1-2, t2-1} and
+//! {t1-1, t2-0, t2-2}), so an application with several inputs refuses
+//! [`GroupProtocol::CooperativeSticky`]. Left unset, the protocol is cooperative-sticky for one
+//! input (only the moved partitions stop) and eager range for several. Even a co-partitioning
+//! assignor can leave a member holding part of a task for a while (KIP-848 hands partitions over
+//! one by one when the previous owners differ; members with different subscriptions during a
+//! rolling upgrade): the worker then keeps those partitions paused and runs nothing for them
+//! until it holds them all (see the `worker` module).
 
 use std::collections::BTreeMap;
-use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kstate_kafka::{ChangelogConfig, ClientProperties, RestoreListener};
+use kstate_kafka::{ChangelogConfig, ClientProperties, ProducerConfig, RestoreListener};
 use kstate_rocksdb::RocksDbOptions;
 
-use crate::app::App;
-use crate::error::TaskError;
-use crate::processor::{Processor, TaskId};
+use crate::ids::TaskId;
+use crate::processor::Processor;
 
 /// The group protocol the workers' consumers speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupProtocol {
     /// The classic protocol with the `cooperative-sticky` assignor: a rebalance moves only the
-    /// partitions that change owner, and the others keep processing. The default.
-    #[default]
+    /// partitions that change owner, and the others keep processing. One input only: it does
+    /// not keep partition *p* of several inputs together. The default for one input.
     CooperativeSticky,
-    /// The classic protocol with the eager `range` assignor: every rebalance revokes everything
-    /// (each task's store is closed and reopened, replaying only its tail).
+    /// The classic protocol with the eager `range` assignor: partition *p* of every input goes
+    /// to one member, and every rebalance revokes everything (each task's store is closed and
+    /// reopened, replaying only its tail). The default for several inputs.
     Eager,
-    /// KIP-848's consumer protocol (`group.protocol=consumer`, brokers 4.0 and later): the
-    /// broker computes assignments incrementally.
+    /// KIP-848's consumer protocol (`group.protocol=consumer`, brokers 4.0 and later) with the
+    /// broker's `range` assignor (`group.remote.assignor=range`, co-partitioning like
+    /// [`Eager`](Self::Eager)): the broker computes assignments incrementally.
+    ///
+    /// Crash detection takes the group's session timeout, which the broker decides:
+    /// `group.consumer.session.timeout.ms` and its floor `group.consumer.min.session.timeout.ms`
+    /// are both 45 s by default (a client's `session.timeout.ms` is ignored), against 6 s that
+    /// the classic protocol allows — about 7x longer before a crashed member's tasks move,
+    /// unless the operator lowers them.
     Consumer,
+}
+
+impl GroupProtocol {
+    /// The protocol's name, as in errors and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupProtocol::CooperativeSticky => "cooperative-sticky",
+            GroupProtocol::Eager => "eager (range)",
+            GroupProtocol::Consumer => "consumer (KIP-848, range)",
+        }
+    }
+
+    /// Whether the protocol puts partition *p* of every input (with equal partition counts and
+    /// the same subscriptions) on one member.
+    pub fn co_partitions(self) -> bool {
+        !matches!(self, GroupProtocol::CooperativeSticky)
+    }
+
+    /// The protocol left unset: cooperative-sticky for one input, eager range for several.
+    pub(crate) fn default_for(inputs: usize) -> Self {
+        if inputs > 1 {
+            GroupProtocol::Eager
+        } else {
+            GroupProtocol::CooperativeSticky
+        }
+    }
 }
 
 /// What a crash may do to the effect of an input record.
@@ -71,45 +124,36 @@ impl std::str::FromStr for ProcessingGuarantee {
     }
 }
 
+/// What happens to an input record that cannot be processed: the processor returned an error
+/// for it (a store value that does not decode among them), or one of its outputs can never be
+/// sent (larger than `message.max.bytes`, to a partition the topic lacks). Failures that are not
+/// the record's (a broker that does not answer, a denied write, a store that disagrees with its
+/// changelog, a panic) always fail the application.
+///
+/// Under exactly-once the record's partial effects are undone first (the transaction aborts and
+/// the task starts again from its committed input), and the skip or the dead-letter record is
+/// part of the transaction that carries the record's offset: a record is skipped exactly once.
+/// Under at-least-once the effects the record had before it failed (store writes, outputs)
+/// stay.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ErrorPolicy {
+    /// The application fails with the error (nothing of the record is committed). The default.
+    #[default]
+    Fail,
+    /// The record is logged (`warn`), counted (`kstate_task_skipped_records`) and skipped.
+    LogAndContinue,
+    /// The record is written to this topic (Kafka Streams 4.1's dead-letter queue, KIP-1034):
+    /// its key and value, with headers naming the error, the task, and the input topic,
+    /// partition and offset; then skipped. The topic must exist.
+    DeadLetter(String),
+}
+
 /// Options of one store.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreOptions {
     /// Changelog coalescing (Kafka Streams' record cache, Samza's CachedStore): within a commit
     /// interval only the last value of each key reaches the changelog. Off by default.
     pub coalesce: bool,
-}
-
-/// A typed handle to a store, returned by [`AppBuilder::store`] and passed to
-/// [`Context::store`](crate::Context::store) and the query API. Copyable.
-pub struct StoreHandle<K, V> {
-    pub(crate) index: usize,
-    pub(crate) name: Arc<str>,
-    types: PhantomData<fn() -> (K, V)>,
-}
-
-impl<K, V> Clone for StoreHandle<K, V> {
-    fn clone(&self) -> Self {
-        StoreHandle {
-            index: self.index,
-            name: self.name.clone(),
-            types: PhantomData,
-        }
-    }
-}
-
-impl<K, V> std::fmt::Debug for StoreHandle<K, V> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreHandle")
-            .field("name", &self.name)
-            .finish()
-    }
-}
-
-impl<K, V> StoreHandle<K, V> {
-    /// The store's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -120,6 +164,12 @@ pub(crate) struct StoreSpec {
 
 /// Makes the processor of each task.
 pub type ProcessorFactory = Arc<dyn Fn(TaskId) -> Box<dyn Processor> + Send + Sync>;
+
+/// How long the transaction coordinator may take, after a transaction timed out, to abort it
+/// (`transaction.abort.timed.out.transaction.cleanup.interval.ms`, 10 s by default): a crashed
+/// member's open transaction holds its partitions' last stable offset up to the transaction
+/// timeout plus this.
+const TRANSACTION_CLEANUP_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Everything an application runs with.
 #[derive(Clone)]
@@ -132,6 +182,7 @@ pub(crate) struct AppConfig {
     pub(crate) threads: usize,
     pub(crate) commit_interval: Duration,
     pub(crate) replication_factor: i32,
+    /// Resolved at build: never cooperative-sticky with several inputs.
     pub(crate) group_protocol: GroupProtocol,
     pub(crate) revocation_timeout: Duration,
     pub(crate) consumer_properties: BTreeMap<String, String>,
@@ -140,31 +191,83 @@ pub(crate) struct AppConfig {
     pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,
     pub(crate) guarantee: ProcessingGuarantee,
     pub(crate) instance_id: String,
+    /// `group.instance.id` per worker (KIP-345), from the instance id.
+    pub(crate) static_membership: bool,
     pub(crate) transaction_timeout: Duration,
+    pub(crate) error_policy: ErrorPolicy,
 }
 
 impl AppConfig {
     /// The changelog of store `store` for task `partition`.
+    ///
+    /// Under exactly-once a send waits for room in the producer's queue at most half the
+    /// transaction timeout (a wait as long as the transaction timeout would make the broker
+    /// abort the transaction and fence the producer), and a restore waits for a crashed
+    /// member's open transaction as long as the broker may take to abort it.
     pub(crate) fn changelog(
         &self,
         store: &str,
         partition: i32,
         partitions: i32,
     ) -> ChangelogConfig {
-        ChangelogConfig::new(
+        let config = ChangelogConfig::new(
             self.client.clone(),
-            format!("{}-{store}-changelog", self.application_id),
+            changelog_topic(&self.application_id, store),
             partition,
         )
         .partitions(partitions)
         .replication_factor(self.replication_factor)
+        .delivery_timeout(self.delivery_timeout())
         // The task commits on its interval; the store's own timer is not running.
-        .durability(kstate_kafka::Durability::Async)
+        .durability(kstate_kafka::Durability::Async);
+        match self.guarantee {
+            ProcessingGuarantee::AtLeastOnce => config,
+            ProcessingGuarantee::ExactlyOnce => config.open_timeout(self.restore_open_timeout()),
+        }
+    }
+
+    /// Exactly-once: how long a restore may wait for the broker, and for an open transaction
+    /// holding the changelog's last stable offset: at least 30 s, and at least twice the
+    /// transaction timeout plus the coordinator's cleanup interval.
+    pub(crate) fn restore_open_timeout(&self) -> Duration {
+        (self.transaction_timeout * 2 + TRANSACTION_CLEANUP_INTERVAL).max(Duration::from_secs(30))
+    }
+
+    /// How long an output or changelog record may wait for room in the producer's queue, and
+    /// be retried before it fails.
+    pub(crate) fn delivery_timeout(&self) -> Duration {
+        match self.guarantee {
+            ProcessingGuarantee::AtLeastOnce => Duration::from_secs(60),
+            ProcessingGuarantee::ExactlyOnce => self.transaction_timeout / 2,
+        }
+    }
+
+    /// The most one commit may take: the revocation timeout, and under exactly-once no more
+    /// than the transaction timeout (the broker aborts a transaction open that long).
+    pub(crate) fn commit_timeout(&self) -> Duration {
+        match self.guarantee {
+            ProcessingGuarantee::AtLeastOnce => self.revocation_timeout,
+            ProcessingGuarantee::ExactlyOnce => {
+                self.revocation_timeout.min(self.transaction_timeout)
+            }
+        }
+    }
+
+    /// The worker producers' settings.
+    pub(crate) fn producer_config(&self) -> ProducerConfig {
+        ProducerConfig::new(self.client.clone()).delivery_timeout(self.delivery_timeout())
     }
 
     /// Worker `index`'s transactional id: `<app-id>-<instance-id>-<index>`.
     pub(crate) fn transactional_id(&self, index: usize) -> String {
         format!("{}-{}-{index}", self.application_id, self.instance_id)
+    }
+
+    /// Worker `index`'s `group.instance.id` under static membership:
+    /// `<app-id>-<instance-id>-<index>`.
+    pub(crate) fn group_instance_id(&self, index: usize) -> Option<String> {
+        self.static_membership
+            .then(|| format!("{}-{}-{index}", self.application_id, self.instance_id))
     }
 
     /// `<state-dir>/<app-id>/<p>/<store>`.
@@ -174,250 +277,17 @@ impl AppConfig {
             .join(partition.to_string())
             .join(store)
     }
-}
 
-/// Builds an [`App`].
-///
-/// ```no_run
-/// use kstate_task::{App, StoreOptions};
-///
-/// let mut builder = App::builder("counter", "127.0.0.1:9092");
-/// builder.input("events").state_dir("/var/lib/counter").threads(2);
-/// let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
-/// # let _ = counts;
-/// ```
-pub struct AppBuilder {
-    config: AppConfig,
-}
-
-impl AppBuilder {
-    pub(crate) fn new(application_id: String, client: ClientProperties) -> Self {
-        AppBuilder {
-            config: AppConfig {
-                application_id,
-                client,
-                inputs: Vec::new(),
-                state_dir: std::env::temp_dir().join("kstate"),
-                threads: 1,
-                commit_interval: Duration::from_millis(100),
-                replication_factor: 1,
-                group_protocol: GroupProtocol::default(),
-                revocation_timeout: Duration::from_secs(30),
-                consumer_properties: BTreeMap::new(),
-                rocksdb: RocksDbOptions::default(),
-                stores: Vec::new(),
-                restore_listener: None,
-                guarantee: ProcessingGuarantee::default(),
-                instance_id: random_instance_id(),
-                transaction_timeout: Duration::from_secs(10),
-            },
-        }
-    }
-
-    /// At-least-once (the default) or exactly-once processing.
-    pub fn processing_guarantee(&mut self, guarantee: ProcessingGuarantee) -> &mut Self {
-        self.config.guarantee = guarantee;
-        self
-    }
-
-    /// This process's stable name within the application, for exactly-once: worker *i*'s
-    /// transactional id is `<app-id>-<instance-id>-<i>`. A process restarted with the same
-    /// instance id fences its previous incarnation and aborts that one's open transaction at
-    /// once; with a new one (the default: random per start) a crashed process's open
-    /// transaction holds its partitions' restores until the broker times it out
-    /// ([`transaction_timeout`](Self::transaction_timeout)). Two running processes must never
-    /// share an instance id: each would fence the other.
-    pub fn instance_id(&mut self, id: impl Into<String>) -> &mut Self {
-        self.config.instance_id = id.into();
-        self
-    }
-
-    /// Exactly-once: how long the broker lets a transaction stay open before aborting it
-    /// (`transaction.timeout.ms`). Default 10 s (Kafka Streams' default under exactly-once): a
-    /// crashed worker's open transaction holds back its partitions' next owner at most this
-    /// long. Records time out before it (at 90%).
-    pub fn transaction_timeout(&mut self, timeout: Duration) -> &mut Self {
-        self.config.transaction_timeout = timeout;
-        self
-    }
-
-    /// Adds an input topic. All inputs must have the same partition count (checked at start).
-    pub fn input(&mut self, topic: impl Into<String>) -> &mut Self {
-        self.config.inputs.push(topic.into());
-        self
-    }
-
-    /// Where the stores live: `<dir>/<app-id>/<partition>/<store>`. Default: the system's
-    /// temporary directory + `kstate` (set it: a temporary directory may not survive a reboot,
-    /// and then every restart restores in full).
-    pub fn state_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
-        self.config.state_dir = dir.into();
-        self
-    }
-
-    /// Worker threads, each one member of the consumer group. Default 1.
-    pub fn threads(&mut self, n: usize) -> &mut Self {
-        self.config.threads = n;
-        self
-    }
-
-    /// How often each worker commits its tasks. Default 100 ms: a commit is one producer flush
-    /// and one RocksDB write batch per store.
-    pub fn commit_interval(&mut self, interval: Duration) -> &mut Self {
-        self.config.commit_interval = interval;
-        self
-    }
-
-    /// The changelog topics' replication factor when created, and the least they must have.
-    /// Default 1 (a development cluster); production clusters want 3.
-    pub fn replication_factor(&mut self, n: i32) -> &mut Self {
-        self.config.replication_factor = n;
-        self
-    }
-
-    /// The consumer group protocol. Default: cooperative-sticky.
-    pub fn group_protocol(&mut self, protocol: GroupProtocol) -> &mut Self {
-        self.config.group_protocol = protocol;
-        self
-    }
-
-    /// The most a revocation may take to commit and close its tasks before they are dropped
-    /// without a commit (their input is then replayed by the next owner). Default 30 s.
-    pub fn revocation_timeout(&mut self, timeout: Duration) -> &mut Self {
-        self.config.revocation_timeout = timeout;
-        self
-    }
-
-    /// A librdkafka property for every client: input consumers, transactional producers,
-    /// changelog producers, restore and admin clients (security settings, for example); the same
-    /// as setting it on the [`ClientProperties`] given to [`App::builder`](crate::App::builder).
-    pub fn client_property(
-        &mut self,
-        key: impl Into<String>,
-        value: impl Into<String>,
-    ) -> &mut Self {
-        self.config.client.insert(key, value);
-        self
-    }
-
-    /// A librdkafka property for the input consumers only.
-    pub fn consumer_property(
-        &mut self,
-        key: impl Into<String>,
-        value: impl Into<String>,
-    ) -> &mut Self {
-        self.config
-            .consumer_properties
-            .insert(key.into(), value.into());
-        self
-    }
-
-    /// RocksDB options for every store. Default: [`RocksDbOptions::default`], whose memory
-    /// budget is shared by all the process's stores.
-    pub fn rocksdb_options(&mut self, options: RocksDbOptions) -> &mut Self {
-        self.config.rocksdb = options;
-        self
-    }
-
-    /// Also tells `listener` about every store restore (start and end offsets, whether it was
-    /// rebuilt, each batch), besides the progress kept for [`Running::tasks`](crate::Running::tasks).
-    pub fn restore_listener(&mut self, listener: Arc<dyn RestoreListener>) -> &mut Self {
-        self.config.restore_listener = Some(listener);
-        self
-    }
-
-    /// Declares a store of every task, with keys `K` and values `V` (bincode); its changelog is
-    /// `<app-id>-<name>-changelog`.
-    pub fn store<K, V>(
-        &mut self,
-        name: impl Into<String>,
-        options: StoreOptions,
-    ) -> StoreHandle<K, V> {
-        let name = name.into();
-        self.config.stores.push(StoreSpec {
-            name: name.clone(),
-            options,
-        });
-        StoreHandle {
-            index: self.config.stores.len() - 1,
-            name: name.into(),
-            types: PhantomData,
-        }
-    }
-
-    /// The application, with `factory` making each task's processor.
-    pub fn build(
-        &self,
-        factory: impl Fn(TaskId) -> Box<dyn Processor> + Send + Sync + 'static,
-    ) -> Result<App, TaskError> {
-        let c = &self.config;
-        let invalid = |m: String| Err(TaskError::InvalidConfig(m));
-        if c.application_id.is_empty()
-            || !c
-                .application_id
-                .chars()
-                .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
-        {
-            return invalid(format!(
-                "application id {:?} must be non-empty ASCII letters, digits, '.', '_' or '-' (it names the consumer group and the changelog topics)",
-                c.application_id
-            ));
-        }
-        if c.inputs.is_empty() {
-            return invalid("no input topic".into());
-        }
-        if c.threads == 0 {
-            return invalid("threads must be at least 1".into());
-        }
-        if c.commit_interval.is_zero() {
-            return invalid("the commit interval must be above zero".into());
-        }
-        if c.guarantee == ProcessingGuarantee::ExactlyOnce {
-            if c.instance_id.is_empty()
-                || !c
-                    .instance_id
-                    .chars()
-                    .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
-            {
-                return invalid(format!(
-                    "instance id {:?} must be non-empty ASCII letters, digits, '.', '_' or '-' (it names transactional ids)",
-                    c.instance_id
-                ));
-            }
-            if c.transaction_timeout < Duration::from_secs(1)
-                || c.transaction_timeout <= c.commit_interval
-            {
-                return invalid(format!(
-                    "the transaction timeout ({:?}) must be at least 1 s and above the commit interval ({:?})",
-                    c.transaction_timeout, c.commit_interval
-                ));
-            }
-        }
-        let mut names = std::collections::BTreeSet::new();
-        for store in &c.stores {
-            if !names.insert(store.name.as_str()) {
-                return invalid(format!("store {:?} is declared twice", store.name));
-            }
-            if store.name.is_empty()
-                || !store
-                    .name
-                    .chars()
-                    .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
-            {
-                return invalid(format!(
-                    "store name {:?} must be non-empty ASCII letters, digits, '.', '_' or '-' (it names a directory and a topic)",
-                    store.name
-                ));
-            }
-        }
-        Ok(App::new(c.clone(), Arc::new(factory)))
+    /// What the consumer does where a partition has no committed offset
+    /// (`auto.offset.reset`: `earliest` unless a consumer property says otherwise).
+    pub(crate) fn starts_at_latest(&self) -> bool {
+        self.consumer_properties
+            .get("auto.offset.reset")
+            .is_some_and(|v| matches!(v.as_str(), "latest" | "largest" | "end"))
     }
 }
 
-/// A fresh instance id: the process id and the start time, enough to tell two processes apart.
-fn random_instance_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("p{}-{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
+/// `<app-id>-<store>-changelog`.
+pub(crate) fn changelog_topic(application_id: &str, store: &str) -> String {
+    format!("{application_id}-{store}-changelog")
 }

@@ -1,7 +1,48 @@
-//! [`TaskError`]: what can stop an application, naming the topic, partition or task involved.
+//! [`TaskError`]: what can stop an application, naming the worker, task, topic, partition and
+//! offset involved — each failure its own variant, with no placeholder values: a failure that
+//! concerns no partition has no partition field.
 
 use kstate_core::BoxError;
 use kstate_kafka::ChangelogError;
+
+use crate::ids::{TaskId, TimerId};
+
+/// Which call of a processor a failure happened in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessorStep {
+    /// [`Processor::init`](crate::Processor::init), when the task started or restarted.
+    Init,
+    /// [`Processor::process`](crate::Processor::process) of one input record.
+    Record {
+        /// The input topic.
+        topic: String,
+        /// Its partition (the task's).
+        partition: i32,
+        /// The record's offset.
+        offset: i64,
+    },
+    /// [`Processor::on_timer`](crate::Processor::on_timer).
+    Timer {
+        /// Which timer.
+        timer: TimerId,
+        /// The time it fired at (milliseconds since the epoch, its clock's).
+        time_ms: i64,
+    },
+}
+
+impl std::fmt::Display for ProcessorStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProcessorStep::Init => f.write_str("init"),
+            ProcessorStep::Record {
+                topic,
+                partition,
+                offset,
+            } => write!(f, "record {topic}/{partition}@{offset}"),
+            ProcessorStep::Timer { timer, time_ms } => write!(f, "{timer} at {time_ms}"),
+        }
+    }
+}
 
 /// Why an application could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -10,6 +51,19 @@ pub enum TaskError {
     /// The configuration is inconsistent.
     #[error("invalid application configuration: {0}")]
     InvalidConfig(String),
+
+    /// The group protocol cannot put partition *p* of every input on one member, and the
+    /// application has several inputs: task *p* could run on two members at once.
+    #[error(
+        "group protocol {protocol} cannot co-partition the inputs {}: use GroupProtocol::Eager (the classic range assignor) or GroupProtocol::Consumer (KIP-848, the broker's range assignor)",
+        inputs.join(", ")
+    )]
+    CannotCoPartition {
+        /// The protocol asked for.
+        protocol: &'static str,
+        /// The input topics.
+        inputs: Vec<String>,
+    },
 
     /// The input topics do not have the same partition count: task *p* reads partition *p* of
     /// every input, so they must be co-partitioned.
@@ -41,14 +95,30 @@ pub enum TaskError {
         source: Box<kstate_kafka::MetadataError>,
     },
 
-    /// A Kafka client call failed.
-    #[error("{operation} failed (topic {topic}, partition {partition}): {source}")]
-    Kafka {
+    /// A call of a worker's consumer that concerns no single partition failed: creating it,
+    /// subscribing, polling.
+    #[error("worker {worker}: {operation} failed (inputs {inputs}): {source}")]
+    Consumer {
+        /// The worker thread.
+        worker: usize,
         /// What was being done.
         operation: &'static str,
-        /// The topic, or a description of the topics.
+        /// The input topics.
+        inputs: String,
+        /// The client's error.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+
+    /// A consumer call for one input partition failed: pause, resume, seek, the committed
+    /// offsets.
+    #[error("{operation} failed for input {topic}/{partition}: {source}")]
+    Input {
+        /// What was being done.
+        operation: &'static str,
+        /// The input topic.
         topic: String,
-        /// The partition, or -1 for several.
+        /// Its partition.
         partition: i32,
         /// The client's error.
         #[source]
@@ -56,10 +126,10 @@ pub enum TaskError {
     },
 
     /// A store of a task failed.
-    #[error("task {partition}, store {store}: {source}")]
+    #[error("{task}, store {store}: {source}")]
     Store {
         /// The task.
-        partition: i32,
+        task: TaskId,
         /// The store's name.
         store: String,
         /// What went wrong.
@@ -67,33 +137,65 @@ pub enum TaskError {
         source: kstate_core::Error,
     },
 
-    /// Opening or restoring a store of a task failed, or writing an output.
-    #[error("task {partition}: {source}")]
-    Changelog {
+    /// Opening or restoring a store of a task failed.
+    #[error("{task}: {source}")]
+    Restore {
         /// The task.
-        partition: i32,
+        task: TaskId,
         /// What went wrong.
         #[source]
         source: Box<ChangelogError>,
     },
 
-    /// The processor returned an error for a record or a timer.
-    #[error("task {partition}: the processor failed at {topic}/{partition}@{offset}: {source}")]
-    Processor {
-        /// The input topic (or `timer`).
-        topic: String,
+    /// An output (or dead-letter record) of a task could not be sent.
+    #[error("{task}: output to {topic}: {source}")]
+    Output {
         /// The task.
-        partition: i32,
-        /// The record's offset (-1 for a timer).
-        offset: i64,
+        task: TaskId,
+        /// The output topic.
+        topic: String,
+        /// What went wrong.
+        #[source]
+        source: Box<ChangelogError>,
+    },
+
+    /// A worker's producer could not be made, or its outputs were not acknowledged.
+    #[error("worker {worker}: {source}")]
+    Producer {
+        /// The worker thread.
+        worker: usize,
+        /// What went wrong.
+        #[source]
+        source: Box<ChangelogError>,
+    },
+
+    /// The processor returned an error.
+    #[error("{task}: the processor failed in {step}: {source}")]
+    Processor {
+        /// The task.
+        task: TaskId,
+        /// The call that failed.
+        step: ProcessorStep,
         /// The processor's error.
         #[source]
         source: BoxError,
     },
 
-    /// A transaction could not commit and the worker cannot go on (exactly-once): fenced by a
-    /// newer producer with the same transactional id, or a store that cannot apply it. Nothing
-    /// of the open transaction was applied; a restart restores from the stored offsets.
+    /// The processor panicked. Nothing of the call is committed (under exactly-once its
+    /// transaction is aborted); the application fails.
+    #[error("{task}: the processor panicked in {step}: {message}")]
+    Panicked {
+        /// The task.
+        task: TaskId,
+        /// The call that panicked.
+        step: ProcessorStep,
+        /// The panic's message.
+        message: String,
+    },
+
+    /// A transaction could not commit and the worker cannot go on (exactly-once): fenced too
+    /// often, or a store that cannot apply it. Nothing of the open transaction was applied; a
+    /// restart restores from the stored offsets.
     #[error("worker {worker}: {source}")]
     Transaction {
         /// The worker thread.
@@ -101,6 +203,30 @@ pub enum TaskError {
         /// What went wrong.
         #[source]
         source: Box<kstate_kafka::TransactionError>,
+    },
+
+    /// Exactly-once: transactions kept aborting (a broker or network failure that did not
+    /// pass): the worker gave up after this many aborts in a row without a commit.
+    #[error("worker {worker}: {attempts} transactions in a row aborted; the last: {last}")]
+    RetriesExhausted {
+        /// The worker thread.
+        worker: usize,
+        /// Aborts in a row.
+        attempts: u32,
+        /// Why the last one aborted.
+        last: String,
+    },
+
+    /// A store of a task kept disagreeing with its changelog after being restored again (another
+    /// writer of its changelog partition).
+    #[error("{task} was restored {restores} times in a row and its changelog still disagrees: {last}")]
+    Corrupted {
+        /// The task.
+        task: TaskId,
+        /// Restores in a row.
+        restores: u32,
+        /// The last disagreement.
+        last: String,
     },
 
     /// A thread of the runtime could not start, or panicked.
@@ -121,10 +247,28 @@ impl TaskError {
         }
     }
 
-    pub(crate) fn changelog(partition: i32, source: ChangelogError) -> Self {
-        TaskError::Changelog {
-            partition,
+    pub(crate) fn producer(worker: usize, source: ChangelogError) -> Self {
+        TaskError::Producer {
+            worker,
             source: Box::new(source),
         }
+    }
+
+    pub(crate) fn restore(task: TaskId, source: ChangelogError) -> Self {
+        TaskError::Restore {
+            task,
+            source: Box::new(source),
+        }
+    }
+}
+
+/// The text of a panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
     }
 }

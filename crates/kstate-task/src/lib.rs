@@ -46,23 +46,34 @@
 
 #![deny(unsafe_code)]
 
-mod app;
-mod cache;
-mod config;
+// The crate reads bottom-up: names → the processor API → a task → the worker → the app.
+mod ids;
 mod error;
-mod partitioner;
+mod timers;
+mod cache;
+mod stores;
 mod processor;
-mod restorer;
-mod status;
+mod config;
+mod partitioner;
 mod task;
+mod status;
+mod restorer;
+mod shared;
 mod worker;
+mod app;
+mod builder;
 
-pub use app::{App, AppState, QueryError, Running, StoreQuery};
+pub use app::{App, QueryError, Running, StoreQuery};
+pub use builder::AppBuilder;
 pub use config::{
-    AppBuilder, GroupProtocol, ParseGuaranteeError, ProcessingGuarantee, ProcessorFactory,
-    StoreHandle, StoreOptions,
+    ErrorPolicy, GroupProtocol, ParseGuaranteeError, ProcessingGuarantee, ProcessorFactory,
+    StoreOptions,
 };
-pub use error::TaskError;
+pub use error::{ProcessorStep, TaskError};
+pub use ids::{Record, TaskId, TimerId};
 pub use partitioner::partition_for;
-pub use processor::{Context, Processor, Record, TaskId, TimeKind, Timer, TimerId};
+pub use processor::{Context, Processor};
+pub use shared::AppState;
 pub use status::{RestoreProgress, TaskState, TaskStatus};
+pub use stores::StoreHandle;
+pub use timers::{TimeKind, Timer};

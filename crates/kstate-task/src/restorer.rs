@@ -4,6 +4,8 @@
 //! (`max.poll.interval.ms`).
 //!
 //! One job per task, in assignment order; a revoked task's job is cancelled through its token.
+//! A job that panics (a user's [`RestoreListener`] can) answers with [`TaskError::Thread`]: the
+//! worker never waits for an answer that cannot come.
 //! The thread keeps one set of Kafka clients for all its restores ([`RestoreClients`]): a cold
 //! set costs about a second per store, which a failover that moves many tasks would pay for each.
 
@@ -18,14 +20,15 @@ use kstate_kafka::{
 };
 use kstate_rocksdb::RocksDbOptions;
 
-use crate::error::TaskError;
+use crate::error::{TaskError, panic_message};
+use crate::ids::TaskId;
 use crate::status::Progress;
 
 /// Restore the stores of one task.
 pub(crate) struct Job {
     /// Tells this job's result from an earlier, cancelled job of the same task.
     pub(crate) id: u64,
-    pub(crate) partition: i32,
+    pub(crate) task: TaskId,
     /// Each store's directory and changelog, in declaration order.
     pub(crate) stores: Vec<(PathBuf, ChangelogConfig)>,
     pub(crate) cancel: CancelToken,
@@ -35,7 +38,7 @@ pub(crate) struct Job {
 /// A finished job: the restored stores, or why not.
 pub(crate) struct Done {
     pub(crate) id: u64,
-    pub(crate) partition: i32,
+    pub(crate) task: TaskId,
     pub(crate) result: Result<Vec<RestoredStore>, TaskError>,
 }
 
@@ -61,6 +64,15 @@ impl RestoreListener for Both {
 /// (a task moved between two workers of the process, or revoked while restoring, is closing).
 const DIRECTORY_WAIT: Duration = Duration::from_secs(60);
 
+/// Whether an open failed because the store's directory is open (RocksDB's LOCK is held):
+/// another task of this process is still closing it.
+fn directory_held(error: &ChangelogError) -> bool {
+    matches!(
+        error,
+        ChangelogError::Open(kstate_rocksdb::OpenError::AlreadyOpen { .. })
+    )
+}
+
 /// Restores one store; waits while RocksDB's lock on its directory is still held here.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
 fn restore_one(
@@ -77,7 +89,7 @@ fn restore_one(
     let deadline = Instant::now() + DIRECTORY_WAIT;
     loop {
         match RestoredStore::restore_with(path, options, config.clone(), hooks, clients) {
-            Err(e) if e.to_string().contains("LOCK") && Instant::now() < deadline => {
+            Err(e) if directory_held(&e) && Instant::now() < deadline => {
                 if hooks.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
                     return Err(e);
                 }
@@ -100,46 +112,68 @@ pub(crate) fn run(
         if job.cancel.is_cancelled() {
             continue;
         }
-        let span = tracing::info_span!("restore_task", partition = job.partition);
-        let _entered = span.enter();
-        let hooks = OpenHooks {
-            listener: Some(match &listener {
-                Some(l) => Arc::new(Both(job.progress.clone(), l.clone())),
-                None => job.progress.clone(),
-            }),
-            record_check: None,
-            cancel: Some(job.cancel.clone()),
-        };
-        let mut restored = Vec::with_capacity(job.stores.len());
-        let mut result = Ok(());
-        for (path, config) in job.stores {
-            if let Err(e) = std::fs::create_dir_all(path.parent().unwrap_or(&path)) {
-                result = Err(ChangelogError::Store(kstate_core::Error::backend(
-                    path.display().to_string(),
-                    "create the task's state directory",
-                    e,
-                )));
-                break;
-            }
-            match restore_one(&path, &options, config, &hooks, &mut clients) {
-                Ok(store) => restored.push(store),
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
-        job.progress.finish();
-        let result = result
-            .map(|()| restored)
-            .map_err(|source| TaskError::changelog(job.partition, source));
-        let finished = Done {
-            id: job.id,
-            partition: job.partition,
-            result,
-        };
-        if done.send(finished).is_err() {
+        let (id, task) = (job.id, job.task);
+        let restored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            restore_job(job, &options, listener.as_ref(), &mut clients)
+        }));
+        let result = restored.unwrap_or_else(|payload| {
+            // The clients may be in any state: the next job makes new ones.
+            clients = None;
+            Err(TaskError::Thread {
+                name: std::thread::current()
+                    .name()
+                    .unwrap_or("kstate-restorer")
+                    .to_string(),
+                message: format!(
+                    "the restore of {task} panicked: {}",
+                    panic_message(&*payload)
+                ),
+            })
+        });
+        if done.send(Done { id, task, result }).is_err() {
             return;
         }
     }
+}
+
+/// Restores every store of one task, in declaration order.
+fn restore_job(
+    job: Job,
+    options: &RocksDbOptions,
+    listener: Option<&Arc<dyn RestoreListener>>,
+    clients: &mut Option<RestoreClients>,
+) -> Result<Vec<RestoredStore>, TaskError> {
+    let span = tracing::info_span!("restore_task", partition = job.task.partition);
+    let _entered = span.enter();
+    let hooks = OpenHooks {
+        listener: Some(match listener {
+            Some(l) => Arc::new(Both(job.progress.clone(), l.clone())),
+            None => job.progress.clone(),
+        }),
+        record_check: None,
+        cancel: Some(job.cancel.clone()),
+    };
+    let mut restored = Vec::with_capacity(job.stores.len());
+    let mut result = Ok(());
+    for (path, config) in job.stores {
+        if let Err(e) = std::fs::create_dir_all(path.parent().unwrap_or(&path)) {
+            result = Err(ChangelogError::Store(kstate_core::Error::backend(
+                path.display().to_string(),
+                "create the task's state directory",
+                e,
+            )));
+            break;
+        }
+        match restore_one(&path, options, config, &hooks, clients) {
+            Ok(store) => restored.push(store),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    job.progress.finish();
+    result
+        .map(|()| restored)
+        .map_err(|source| TaskError::restore(job.task, source))
 }

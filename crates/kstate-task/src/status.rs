@@ -1,5 +1,9 @@
 //! What the application reports about its tasks: state, restore progress, records processed;
 //! and the registry the query API routes through.
+//!
+//! The registry is written only by the worker's task-state transitions (`worker::slots`), and
+//! keyed by worker and partition: a worker that loses a task after another worker of the
+//! process took it over removes its own entry, never the other's.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -8,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kstate_kafka::{BatchRestored, LoggedStore, RestoreListener, RestoreStart};
 
-use crate::processor::TaskId;
+use crate::ids::TaskId;
 
 /// Where a task is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +21,8 @@ pub enum TaskState {
     Restoring,
     /// Processing.
     Running,
+    /// Revoked: its last commit is under way, then its stores close.
+    Closing,
 }
 
 /// How far a task's restore is.
@@ -118,16 +124,16 @@ pub(crate) struct Entry {
     pub(crate) stores: Vec<(String, Arc<LoggedStore>)>,
 }
 
-/// Every task of this process, by partition.
+/// Every task of this process, by worker and partition.
 #[derive(Default)]
 pub(crate) struct Registry {
-    tasks: Mutex<BTreeMap<i32, Entry>>,
+    tasks: Mutex<BTreeMap<(usize, i32), Entry>>,
 }
 
 impl Registry {
     pub(crate) fn restoring(&self, worker: usize, partition: i32, progress: Arc<Progress>) {
         lock(&self.tasks).insert(
-            partition,
+            (worker, partition),
             Entry {
                 worker,
                 state: TaskState::Restoring,
@@ -140,25 +146,32 @@ impl Registry {
 
     pub(crate) fn running(
         &self,
+        worker: usize,
         partition: i32,
         processed: Arc<AtomicU64>,
         stores: Vec<(String, Arc<LoggedStore>)>,
     ) {
-        if let Some(entry) = lock(&self.tasks).get_mut(&partition) {
+        if let Some(entry) = lock(&self.tasks).get_mut(&(worker, partition)) {
             entry.state = TaskState::Running;
             entry.processed = processed;
             entry.stores = stores;
         }
     }
 
-    pub(crate) fn remove(&self, partition: i32) {
-        lock(&self.tasks).remove(&partition);
+    pub(crate) fn closing(&self, worker: usize, partition: i32) {
+        if let Some(entry) = lock(&self.tasks).get_mut(&(worker, partition)) {
+            entry.state = TaskState::Closing;
+        }
+    }
+
+    pub(crate) fn remove(&self, worker: usize, partition: i32) {
+        lock(&self.tasks).remove(&(worker, partition));
     }
 
     pub(crate) fn statuses(&self) -> Vec<TaskStatus> {
         lock(&self.tasks)
             .iter()
-            .map(|(&partition, e)| TaskStatus {
+            .map(|(&(_, partition), e)| TaskStatus {
                 task: TaskId { partition },
                 worker: e.worker,
                 state: e.state,
@@ -170,11 +183,14 @@ impl Registry {
 
     /// The logged store `name` of task `partition`, if it runs here.
     pub(crate) fn store(&self, partition: i32, name: &str) -> Option<Arc<LoggedStore>> {
-        lock(&self.tasks).get(&partition).and_then(|e| {
-            e.stores
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, s)| s.clone())
-        })
+        lock(&self.tasks)
+            .iter()
+            .filter(|((_, p), e)| *p == partition && e.state == TaskState::Running)
+            .find_map(|(_, e)| {
+                e.stores
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, s)| s.clone())
+            })
     }
 }

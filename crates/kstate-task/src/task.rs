@@ -12,36 +12,58 @@
 //! A crash anywhere replays the input from the last committed offset, whose effects on the
 //! stores may then be applied twice (a count counts such records twice): at-least-once. The
 //! stores themselves always restore to exactly what their changelog acknowledged.
+//!
+//! # Input offsets
+//! Per input topic the task knows the next offset to process and the offset the group has
+//! committed for it, as far as it knows: an offset commit that failed leaves the two apart, so
+//! the next commit sends it again (a graceful hand-over never leaves the next owner an older
+//! offset than the work already in the stores). A task starts from its committed offsets, so
+//! an exactly-once commit always has an offset to carry (see the worker's commit paths).
+//!
+//! # Records handed over again
+//! After a partition is resumed, librdkafka can hand over records the task already processed
+//! (a partition paused before its first record was consumed resumes from the committed offset:
+//! librdkafka #672, #1802). Right after a resume, records below the next offset are skipped
+//! (`kstate_task_redelivered_records`); once a record at or past it arrives, every record is
+//! processed, even one below it: an input log truncated by an unclean leader election, or
+//! offsets reset, reuse offsets, and those records are new.
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kstate_core::KeyValueStore;
+use kstate_core::{BoxError, KeyValueStore};
 use kstate_kafka::{LoggedStore, RestoredStore, SharedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::cache::CoalescingStore;
 use crate::config::{ProcessorFactory, StoreSpec};
-use crate::error::TaskError;
-use crate::processor::{Context, Latest, Processor, Record, TaskId, Timers};
+use crate::error::{ProcessorStep, TaskError, panic_message};
+use crate::ids::{Record, TaskId};
+use crate::processor::{Context, Latest, Processor};
+use crate::stores::TaskStore;
+use crate::timers::Timers;
 
-/// One store of a task.
-pub(crate) struct TaskStore {
-    pub(crate) name: String,
-    pub(crate) logged: Arc<LoggedStore>,
-    cache: Option<CoalescingStore>,
+/// One input partition's offsets, as the task knows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct InputOffset {
+    /// The next offset to process: the last processed + 1, or the committed offset.
+    next: i64,
+    /// The offset the group holds, as far as this task knows.
+    committed: Option<i64>,
+    /// Resumed, and no record at or past `next` arrived since.
+    catching_up: bool,
 }
 
-impl TaskStore {
-    /// What the processor reads and writes.
-    pub(crate) fn view(&self) -> &dyn KeyValueStore {
-        match &self.cache {
-            Some(cache) => cache,
-            None => &*self.logged,
-        }
-    }
+/// What became of a record given to [`Task::process`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Processed {
+    /// The processor ran on it.
+    Done,
+    /// Processed here already: handed over again after a resume.
+    Redelivered,
 }
 
 /// A running task.
@@ -49,21 +71,24 @@ pub(crate) struct Task {
     pub(crate) id: TaskId,
     stores: Vec<TaskStore>,
     processor: Box<dyn Processor>,
-    /// Per input topic: the offset to commit (last processed + 1), and whether it moved since
-    /// the last commit.
-    offsets: BTreeMap<String, (i64, bool)>,
+    /// Per input topic.
+    offsets: BTreeMap<String, InputOffset>,
     timers: Timers,
     stream_time: Option<i64>,
     latest: Latest,
     pub(crate) processed: Arc<AtomicU64>,
     processed_since_commit: u64,
+    /// The processor ran since the last commit (it may have written or sent something).
+    touched: bool,
     last_flush: Instant,
     flush_interval: Duration,
     delivery_timeout: Duration,
 }
 
 impl Task {
-    /// Attaches the restored stores to the worker's producer and starts the processor.
+    /// Attaches the restored stores to the worker's producer and starts the processor, from
+    /// the `committed` input offsets (the next offset to read per input topic; a topic missing
+    /// here has none).
     pub(crate) fn start(
         id: TaskId,
         specs: &[StoreSpec],
@@ -71,12 +96,13 @@ impl Task {
         producer: &SharedProducer,
         factory: &ProcessorFactory,
         delivery_timeout: Duration,
+        committed: &BTreeMap<String, i64>,
     ) -> Result<Task, TaskError> {
         let mut stores = Vec::with_capacity(specs.len());
         for (spec, restored) in specs.iter().zip(restored) {
             let logged = Arc::new(
                 LoggedStore::attach(restored, producer)
-                    .map_err(|source| TaskError::changelog(id.partition, source))?,
+                    .map_err(|source| TaskError::restore(id, source))?,
             );
             let cache = spec
                 .options
@@ -103,18 +129,28 @@ impl Task {
             latest: Latest::new(),
             processed: Arc::new(AtomicU64::new(0)),
             processed_since_commit: 0,
+            touched: false,
             last_flush: Instant::now(),
             flush_interval,
             delivery_timeout,
         };
-        task.call(producer, |processor, ctx| processor.init(ctx))
-            .map_err(|source| TaskError::Processor {
-                topic: "init".into(),
-                partition: id.partition,
-                offset: -1,
-                source,
-            })?;
+        task.start_from(committed);
+        task.run(producer, || ProcessorStep::Init, |p, ctx| p.init(ctx))?;
         Ok(task)
+    }
+
+    fn start_from(&mut self, committed: &BTreeMap<String, i64>) {
+        self.offsets = committed
+            .iter()
+            .map(|(topic, &offset)| {
+                let at = InputOffset {
+                    next: offset,
+                    committed: Some(offset),
+                    catching_up: false,
+                };
+                (topic.clone(), at)
+            })
+            .collect();
     }
 
     /// The logged stores, for the query API.
@@ -125,12 +161,16 @@ impl Task {
             .collect()
     }
 
-    /// Calls the processor with a context over the task's other fields.
-    fn call<R>(
+    /// Calls the processor with a context over the task's other fields. A panic is caught and
+    /// becomes [`TaskError::Panicked`]: it never unwinds through the worker (whose consumer's
+    /// drop would run the revocation, and commit).
+    fn run(
         &mut self,
         producer: &SharedProducer,
-        f: impl FnOnce(&mut dyn Processor, &mut Context<'_>) -> R,
-    ) -> R {
+        step: impl FnOnce() -> ProcessorStep,
+        f: impl FnOnce(&mut dyn Processor, &mut Context<'_>) -> Result<(), BoxError>,
+    ) -> Result<(), TaskError> {
+        self.touched = true;
         let Task {
             id,
             stores,
@@ -150,7 +190,28 @@ impl Task {
             stream_time: *stream_time,
             delivery_timeout: *delivery_timeout,
         };
-        f(processor.as_mut(), &mut ctx)
+        let processor = processor.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| f(processor, &mut ctx))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(source)) => Err(TaskError::Processor {
+                task: *id,
+                step: step(),
+                source,
+            }),
+            Err(payload) => Err(TaskError::Panicked {
+                task: *id,
+                step: step(),
+                message: panic_message(&*payload),
+            }),
+        }
+    }
+
+    fn step_of(record: &Record<'_>) -> ProcessorStep {
+        ProcessorStep::Record {
+            topic: record.topic.to_string(),
+            partition: record.partition,
+            offset: record.offset,
+        }
     }
 
     /// Runs the processor on one record, then the stream-time timers it made due.
@@ -158,41 +219,66 @@ impl Task {
         &mut self,
         producer: &SharedProducer,
         record: &Record<'_>,
-    ) -> Result<(), TaskError> {
-        if self
-            .offsets
-            .get(record.topic)
-            .is_some_and(|&(next, _)| record.offset < next)
-        {
-            // Processed here already: librdkafka delivered it again (see the test
-            // `a_record_delivered_again_is_not_processed_twice`). Offsets only grow within a
-            // partition, so this is never a record the task has not seen.
-            metrics::counter!("kstate_task_redelivered_records").increment(1);
-            return Ok(());
+    ) -> Result<Processed, TaskError> {
+        if let Some(at) = self.offsets.get_mut(record.topic) {
+            if record.offset >= at.next {
+                at.catching_up = false;
+            } else if at.catching_up {
+                metrics::counter!("kstate_task_redelivered_records").increment(1);
+                return Ok(Processed::Redelivered);
+            } else {
+                tracing::warn!(
+                    task = %self.id,
+                    topic = record.topic,
+                    offset = record.offset,
+                    next = at.next,
+                    "input offsets went back (the log was truncated or the offsets reset): processing"
+                );
+            }
         }
         if let Some(ts) = record.timestamp {
             self.stream_time = Some(self.stream_time.map_or(ts, |t| t.max(ts)));
         }
-        let partition = self.id.partition;
-        self.call(producer, |processor, ctx| processor.process(ctx, record))
-            .map_err(|source| TaskError::Processor {
-                topic: record.topic.to_string(),
-                partition,
-                offset: record.offset,
-                source,
-            })?;
-        match self.offsets.get_mut(record.topic) {
-            Some(entry) => *entry = (record.offset + 1, true),
-            None => {
-                self.offsets
-                    .insert(record.topic.to_string(), (record.offset + 1, true));
-            }
-        }
-        self.processed_since_commit += 1;
+        self.run(
+            producer,
+            || Self::step_of(record),
+            |processor, ctx| processor.process(ctx, record),
+        )?;
+        self.advance(record);
         if self.timers.has_stream() {
             self.fire_timers(producer, Instant::now(), true)?;
         }
-        Ok(())
+        Ok(Processed::Done)
+    }
+
+    /// Counts `record` as processed without running the processor on it (the error policy
+    /// skipped it, or dead-lettered it).
+    pub(crate) fn skip(&mut self, record: &Record<'_>) {
+        self.touched = true;
+        self.advance(record);
+    }
+
+    fn advance(&mut self, record: &Record<'_>) {
+        let next = record.offset + 1;
+        match self.offsets.get_mut(record.topic) {
+            Some(at) => at.next = next,
+            None => {
+                let at = InputOffset {
+                    next,
+                    committed: None,
+                    catching_up: false,
+                };
+                self.offsets.insert(record.topic.to_string(), at);
+            }
+        }
+        self.processed_since_commit += 1;
+    }
+
+    /// The task's partitions are fetched again: records below the next offset may come again.
+    pub(crate) fn resumed(&mut self) {
+        for at in self.offsets.values_mut() {
+            at.catching_up = true;
+        }
     }
 
     /// When the next wall-clock timer is due.
@@ -208,16 +294,15 @@ impl Task {
         stream: bool,
     ) -> Result<(), TaskError> {
         let stream_time = if stream { self.stream_time } else { None };
-        let due = self.timers.due(now, stream_time);
-        let partition = self.id.partition;
-        for timer in due {
-            self.call(producer, |processor, ctx| processor.on_timer(ctx, &timer))
-                .map_err(|source| TaskError::Processor {
-                    topic: "timer".into(),
-                    partition,
-                    offset: -1,
-                    source,
-                })?;
+        for timer in self.timers.due(now, stream_time) {
+            self.run(
+                producer,
+                || ProcessorStep::Timer {
+                    timer: timer.id,
+                    time_ms: timer.time_ms,
+                },
+                |processor, ctx| processor.on_timer(ctx, &timer),
+            )?;
         }
         Ok(())
     }
@@ -233,7 +318,11 @@ impl Task {
                     value.as_deref(),
                     self.delivery_timeout,
                 )
-                .map_err(|source| TaskError::changelog(self.id.partition, source))?;
+                .map_err(|source| TaskError::Output {
+                    task: self.id,
+                    topic: topic.clone(),
+                    source: Box::new(source),
+                })?;
         }
         for store in &self.stores {
             if let Some(cache) = &store.cache {
@@ -247,7 +336,7 @@ impl Task {
 
     fn store_error(&self, store: &TaskStore, source: kstate_core::Error) -> TaskError {
         TaskError::Store {
-            partition: self.id.partition,
+            task: self.id,
             store: store.name.clone(),
             source,
         }
@@ -268,11 +357,21 @@ impl Task {
         if flush {
             self.last_flush = Instant::now();
         }
+        self.count_committed();
+        Ok(())
+    }
+
+    /// Whether the processor ran since the last commit.
+    pub(crate) fn touched(&self) -> bool {
+        self.touched
+    }
+
+    fn count_committed(&mut self) {
+        self.touched = false;
         self.processed
             .fetch_add(self.processed_since_commit, Ordering::Relaxed);
         metrics::counter!("kstate_task_records_processed").increment(self.processed_since_commit);
         self.processed_since_commit = 0;
-        Ok(())
     }
 
     /// Exactly-once, after the transaction committed (it applied the stores' overlays): counts
@@ -288,10 +387,7 @@ impl Task {
             }
             self.last_flush = Instant::now();
         }
-        self.processed
-            .fetch_add(self.processed_since_commit, Ordering::Relaxed);
-        metrics::counter!("kstate_task_records_processed").increment(self.processed_since_commit);
-        self.processed_since_commit = 0;
+        self.count_committed();
         Ok(())
     }
 
@@ -313,36 +409,44 @@ impl Task {
         self.timers = Timers::default();
         self.stream_time = None;
         self.processed_since_commit = 0;
-        self.offsets = committed
-            .iter()
-            .map(|(topic, offset)| (topic.clone(), (*offset, false)))
-            .collect();
+        self.start_from(committed);
         self.processor = factory(self.id);
-        let partition = self.id.partition;
-        self.call(producer, |processor, ctx| processor.init(ctx))
-            .map_err(|source| TaskError::Processor {
-                topic: "init".into(),
-                partition,
-                offset: -1,
-                source,
-            })
+        self.run(producer, || ProcessorStep::Init, |p, ctx| p.init(ctx))
     }
 
-    /// Step 4's input: the offsets that moved since the last commit. Marks them committed.
-    pub(crate) fn take_offsets(&mut self, tpl: &mut TopicPartitionList) {
-        for (topic, (offset, moved)) in &mut self.offsets {
-            if *moved {
-                // Only fails for an invalid offset, which `offset + 1` of a real record is not.
-                let _ = tpl.add_partition_offset(topic, self.id.partition, Offset::Offset(*offset));
-                *moved = false;
+    /// The offsets the group does not have yet, as far as this task knows (moved since the
+    /// last commit, or sent in a commit that failed).
+    pub(crate) fn pending_offsets(&self, tpl: &mut TopicPartitionList) -> usize {
+        let mut n = 0;
+        for (topic, at) in &self.offsets {
+            if at.committed != Some(at.next) {
+                n += add_offset(tpl, topic, self.id.partition, at.next);
             }
         }
+        n
     }
 
-    /// Marks the offsets of a failed commit as not committed.
-    pub(crate) fn untake_offsets(&mut self) {
-        for (_, moved) in self.offsets.values_mut() {
-            *moved = true;
+    /// Every input offset the task knows (revocation and shutdown commit them all: what the
+    /// stores hold must never be ahead of what the group holds).
+    pub(crate) fn current_offsets(&self, tpl: &mut TopicPartitionList) -> usize {
+        let mut n = 0;
+        for (topic, at) in &self.offsets {
+            n += add_offset(tpl, topic, self.id.partition, at.next);
+        }
+        n
+    }
+
+    /// The group now holds these offsets (a commit that included them succeeded).
+    pub(crate) fn offsets_committed(&mut self, tpl: &TopicPartitionList) {
+        for element in tpl.elements() {
+            if element.partition() != self.id.partition || element.error().is_err() {
+                continue;
+            }
+            if let (Offset::Offset(offset), Some(at)) =
+                (element.offset(), self.offsets.get_mut(element.topic()))
+            {
+                at.committed = Some(at.committed.map_or(offset, |c| c.max(offset)));
+            }
         }
     }
 
@@ -361,73 +465,136 @@ impl Task {
     }
 }
 
+/// Adds one offset; returns 1, or 0 for an offset librdkafka refuses (never a real one).
+fn add_offset(tpl: &mut TopicPartitionList, topic: &str, partition: i32, offset: i64) -> usize {
+    usize::from(
+        tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+            .is_ok(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::StoreOptions;
-    use kstate_core::BoxError;
-    use kstate_kafka::{ChangelogConfig, OpenHooks};
-    use kstate_rocksdb::RocksDbOptions;
+    use kstate_kafka::ProducerConfig;
 
-    /// Counts the records it is given.
+    /// Counts the records it is given; panics on a record with key `panic`.
     struct Counting(Arc<AtomicU64>);
 
     impl Processor for Counting {
-        fn process(&mut self, _: &mut Context<'_>, _: &Record<'_>) -> Result<(), BoxError> {
+        fn process(
+            &mut self,
+            _: &mut Context<'_>,
+            record: &Record<'_>,
+        ) -> Result<(), BoxError> {
+            if record.key == Some(b"panic") {
+                panic!("the processor's own panic");
+            }
             self.0.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
     }
 
-    /// librdkafka can hand a record to the worker again: a partition paused before any of its
-    /// records was consumed resumes from the committed offset (or `auto.offset.reset`), not
-    /// from the records the worker already took while the pause took hold (librdkafka #672,
-    /// #1802). A task that processed an offset must not process it again: a count would count
-    /// it twice without any crash.
-    #[test]
-    fn a_record_delivered_again_is_not_processed_twice() -> Result<(), Box<dyn std::error::Error>> {
-        let servers = kstate_test_broker::bootstrap_servers()?;
-        let topic = kstate_test_broker::unique_topic("task-redelivered");
-        let dir = tempfile::tempdir()?;
-        let config = ChangelogConfig::new(servers, &topic, 0).partitions(1);
-        let restored = RestoredStore::restore(
-            dir.path().join("counts"),
-            &RocksDbOptions::default(),
-            config.clone(),
-            &OpenHooks::default(),
-        )?;
-        let producer = SharedProducer::new(&config)?;
+    fn record(offset: i64, key: &'static [u8]) -> Record<'static> {
+        Record {
+            topic: "input",
+            partition: 0,
+            offset,
+            timestamp: None,
+            key: Some(key),
+            value: None,
+        }
+    }
+
+    /// A task without stores, and a producer that never connects (nothing is sent).
+    fn task(committed: &[(&str, i64)]) -> (Task, SharedProducer, Arc<AtomicU64>) {
+        let producer = SharedProducer::with_config(&ProducerConfig::new("127.0.0.1:1"))
+            .expect("a producer needs no broker to be made");
         let calls = Arc::new(AtomicU64::new(0));
         let counter = calls.clone();
         let factory: ProcessorFactory = Arc::new(move |_| Box::new(Counting(counter.clone())));
-        let specs = [StoreSpec {
-            name: "counts".into(),
-            options: StoreOptions::default(),
-        }];
-        let mut task = Task::start(
+        let committed = committed
+            .iter()
+            .map(|(t, o)| (t.to_string(), *o))
+            .collect();
+        let task = Task::start(
             TaskId { partition: 0 },
-            &specs,
-            vec![restored],
+            &[],
+            Vec::new(),
             &producer,
             &factory,
-            Duration::from_secs(30),
-        )?;
-        for offset in [0, 1, 2, 1, 2, 3] {
-            let record = Record {
-                topic: "input",
-                partition: 0,
-                offset,
-                timestamp: None,
-                key: Some(b"k"),
-                value: None,
-            };
-            task.process(&producer, &record)?;
+            Duration::from_secs(1),
+            &committed,
+        )
+        .expect("no stores to attach");
+        (task, producer, calls)
+    }
+
+    /// librdkafka can hand a record to the worker again after a resume (librdkafka #672,
+    /// #1802). A task that processed an offset must not process it again: a count would count
+    /// it twice without any crash.
+    #[test]
+    fn a_record_handed_over_again_after_a_resume_is_not_processed_twice() {
+        let (mut task, producer, calls) = task(&[]);
+        for offset in [0, 1, 2] {
+            task.process(&producer, &record(offset, b"k")).unwrap();
         }
-        assert_eq!(
-            calls.load(Ordering::Relaxed),
-            4,
-            "offsets 1 and 2 came twice; each must be processed once"
-        );
-        Ok(())
+        task.resumed();
+        for offset in [1, 2, 3] {
+            task.process(&producer, &record(offset, b"k")).unwrap();
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), 4, "offsets 1 and 2 came twice");
+    }
+
+    /// Offsets reused after the input log was truncated (an unclean leader election) or reset
+    /// are new records: the old rule skipped every record below the next offset, for ever.
+    #[test]
+    fn records_below_the_next_offset_without_a_resume_are_new_and_processed() {
+        let (mut task, producer, calls) = task(&[]);
+        for offset in 0..5 {
+            task.process(&producer, &record(offset, b"k")).unwrap();
+        }
+        for offset in 0..3 {
+            task.process(&producer, &record(offset, b"k")).unwrap();
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn a_failed_offset_commit_leaves_the_offset_pending_and_a_good_one_clears_it() {
+        let (mut task, producer, _) = task(&[("input", 10)]);
+        let mut tpl = TopicPartitionList::new();
+        assert_eq!(task.pending_offsets(&mut tpl), 0, "starts at its committed offset");
+        assert_eq!(task.current_offsets(&mut tpl), 1, "but knows it");
+        task.process(&producer, &record(10, b"k")).unwrap();
+        let mut sent = TopicPartitionList::new();
+        assert_eq!(task.pending_offsets(&mut sent), 1);
+        // The commit failed: nothing confirmed; the next commit sends it again.
+        assert_eq!(task.pending_offsets(&mut TopicPartitionList::new()), 1);
+        task.offsets_committed(&sent);
+        assert_eq!(task.pending_offsets(&mut TopicPartitionList::new()), 0);
+    }
+
+    #[test]
+    fn a_panicking_processor_is_a_typed_error_naming_the_record() {
+        let (mut task, producer, _) = task(&[]);
+        let error = task.process(&producer, &record(7, b"panic")).unwrap_err();
+        match error {
+            TaskError::Panicked { task, step, message } => {
+                assert_eq!(task, TaskId { partition: 0 });
+                assert_eq!(
+                    step,
+                    ProcessorStep::Record {
+                        topic: "input".into(),
+                        partition: 0,
+                        offset: 7
+                    }
+                );
+                assert!(message.contains("the processor's own panic"), "{message}");
+            }
+            other => panic!("expected Panicked, got {other}"),
+        }
+        let mut tpl = TopicPartitionList::new();
+        assert_eq!(task.pending_offsets(&mut tpl), 0, "the panicking record is not processed");
     }
 }

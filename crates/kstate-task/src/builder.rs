@@ -1,0 +1,508 @@
+//! [`AppBuilder`]: an application is an id, a cluster, co-partitioned input topics, named typed
+//! stores and a processor factory. Every setting has a documented default, and [`build`]
+//! refuses a combination that could not work (a protocol that cannot co-partition several
+//! inputs, names that would collide as directories or topics), before anything runs.
+//!
+//! [`build`]: AppBuilder::build
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kstate_kafka::{ClientProperties, RestoreListener};
+use kstate_rocksdb::RocksDbOptions;
+
+use crate::app::App;
+use crate::config::{
+    AppConfig, ErrorPolicy, GroupProtocol, ProcessingGuarantee, StoreOptions, StoreSpec,
+    changelog_topic,
+};
+use crate::error::TaskError;
+use crate::ids::TaskId;
+use crate::processor::Processor;
+use crate::stores::StoreHandle;
+
+/// Kafka's longest topic name.
+const MAX_TOPIC_NAME: usize = 249;
+
+/// Builds an [`App`].
+///
+/// ```no_run
+/// use kstate_task::{App, StoreOptions};
+///
+/// let mut builder = App::builder("counter", "127.0.0.1:9092");
+/// builder.input("events").state_dir("/var/lib/counter").threads(2);
+/// let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
+/// # let _ = counts;
+/// ```
+pub struct AppBuilder {
+    config: AppConfig,
+    group_protocol: Option<GroupProtocol>,
+    instance_id_set: bool,
+}
+
+impl AppBuilder {
+    pub(crate) fn new(application_id: String, client: ClientProperties) -> Self {
+        AppBuilder {
+            config: AppConfig {
+                application_id,
+                client,
+                inputs: Vec::new(),
+                state_dir: std::env::temp_dir().join("kstate"),
+                threads: 1,
+                commit_interval: Duration::from_millis(100),
+                replication_factor: 1,
+                group_protocol: GroupProtocol::CooperativeSticky,
+                revocation_timeout: Duration::from_secs(30),
+                consumer_properties: BTreeMap::new(),
+                rocksdb: RocksDbOptions::default(),
+                stores: Vec::new(),
+                restore_listener: None,
+                guarantee: ProcessingGuarantee::default(),
+                instance_id: random_instance_id(),
+                static_membership: false,
+                transaction_timeout: Duration::from_secs(10),
+                error_policy: ErrorPolicy::default(),
+            },
+            group_protocol: None,
+            instance_id_set: false,
+        }
+    }
+
+    /// At-least-once (the default) or exactly-once processing.
+    pub fn processing_guarantee(&mut self, guarantee: ProcessingGuarantee) -> &mut Self {
+        self.config.guarantee = guarantee;
+        self
+    }
+
+    /// This process's stable name within the application, for exactly-once: worker *i*'s
+    /// transactional id is `<app-id>-<instance-id>-<i>`. A process restarted with the same
+    /// instance id fences its previous incarnation and aborts that one's open transaction at
+    /// once; with a new one (the default: random per start) a crashed process's open
+    /// transaction holds its partitions' restores until the broker times it out
+    /// ([`transaction_timeout`](Self::transaction_timeout)). Two running processes must never
+    /// share an instance id: each would fence the other.
+    ///
+    /// With [`static_membership`](Self::static_membership) it also names each worker's group
+    /// member (`group.instance.id`).
+    pub fn instance_id(&mut self, id: impl Into<String>) -> &mut Self {
+        self.config.instance_id = id.into();
+        self.instance_id_set = true;
+        self
+    }
+
+    /// Static group membership (KIP-345): worker *i*'s `group.instance.id` is
+    /// `<app-id>-<instance-id>-<i>`, so a process restarted with the same
+    /// [`instance_id`](Self::instance_id) within the session timeout gets its tasks back without
+    /// a rebalance, and its stores replay only the tail. Needs an explicit instance id (two
+    /// running processes must never share one) and the classic protocol (librdkafka 2.12 treats
+    /// a KIP-848 broker's `UNRELEASED_INSTANCE_ID`, the answer to a restart before the crashed
+    /// member's session expired, as fatal). A static member that stops does not leave the
+    /// group: its tasks move only after the session timeout (`session.timeout.ms`). Off by
+    /// default.
+    pub fn static_membership(&mut self, on: bool) -> &mut Self {
+        self.config.static_membership = on;
+        self
+    }
+
+    /// What happens to a record that cannot be processed: [`ErrorPolicy::Fail`] (the
+    /// default), [`ErrorPolicy::LogAndContinue`] or [`ErrorPolicy::DeadLetter`].
+    pub fn error_policy(&mut self, policy: ErrorPolicy) -> &mut Self {
+        self.config.error_policy = policy;
+        self
+    }
+
+    /// Exactly-once: how long the broker lets a transaction stay open before aborting it
+    /// (`transaction.timeout.ms`). Default 10 s (Kafka Streams' default under exactly-once): a
+    /// crashed worker's open transaction holds back its partitions' next owner at most this
+    /// long. Records time out before it (at 90%).
+    pub fn transaction_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.config.transaction_timeout = timeout;
+        self
+    }
+
+    /// Adds an input topic. All inputs must have the same partition count (checked at start):
+    /// task *p* is partition *p* of every input, and runs only where all of them are assigned.
+    pub fn input(&mut self, topic: impl Into<String>) -> &mut Self {
+        self.config.inputs.push(topic.into());
+        self
+    }
+
+    /// Where the stores live: `<dir>/<app-id>/<partition>/<store>`. Default: the system's
+    /// temporary directory + `kstate` (set it: a temporary directory may not survive a reboot,
+    /// and then every restart restores in full).
+    pub fn state_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        self.config.state_dir = dir.into();
+        self
+    }
+
+    /// Worker threads, each one member of the consumer group. Default 1.
+    pub fn threads(&mut self, n: usize) -> &mut Self {
+        self.config.threads = n;
+        self
+    }
+
+    /// How often each worker commits its tasks. Default 100 ms: a commit is one producer flush
+    /// and one RocksDB write batch per store.
+    pub fn commit_interval(&mut self, interval: Duration) -> &mut Self {
+        self.config.commit_interval = interval;
+        self
+    }
+
+    /// The changelog topics' replication factor when created, and the least they must have.
+    /// Default 1 (a development cluster); production clusters want 3.
+    pub fn replication_factor(&mut self, n: i32) -> &mut Self {
+        self.config.replication_factor = n;
+        self
+    }
+
+    /// The consumer group protocol. Default: [`GroupProtocol::CooperativeSticky`] for one input,
+    /// [`GroupProtocol::Eager`] for several (which cooperative-sticky cannot co-partition: it
+    /// is refused for them).
+    pub fn group_protocol(&mut self, protocol: GroupProtocol) -> &mut Self {
+        self.group_protocol = Some(protocol);
+        self
+    }
+
+    /// The most a commit may wait for the broker: the outputs' and changelogs'
+    /// acknowledgements, the offsets, the transaction (under exactly-once, at most the
+    /// transaction timeout). A revocation whose commit does not complete in time drops its
+    /// tasks without a commit (their input is then replayed by the next owner). Default 30 s.
+    pub fn revocation_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.config.revocation_timeout = timeout;
+        self
+    }
+
+    /// A librdkafka property for every client: input consumers, transactional producers,
+    /// changelog producers, restore and admin clients (security settings, for example); the same
+    /// as setting it on the [`ClientProperties`] given to [`App::builder`](crate::App::builder).
+    pub fn client_property(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> &mut Self {
+        self.config.client.insert(key, value);
+        self
+    }
+
+    /// A librdkafka property for the input consumers only.
+    pub fn consumer_property(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> &mut Self {
+        self.config
+            .consumer_properties
+            .insert(key.into(), value.into());
+        self
+    }
+
+    /// RocksDB options for every store. Default: [`RocksDbOptions::default`], whose memory
+    /// budget is shared by all the process's stores.
+    pub fn rocksdb_options(&mut self, options: RocksDbOptions) -> &mut Self {
+        self.config.rocksdb = options;
+        self
+    }
+
+    /// Also tells `listener` about every store restore (start and end offsets, whether it was
+    /// rebuilt, each batch), besides the progress kept for [`Running::tasks`](crate::Running::tasks).
+    pub fn restore_listener(&mut self, listener: Arc<dyn RestoreListener>) -> &mut Self {
+        self.config.restore_listener = Some(listener);
+        self
+    }
+
+    /// Declares a store of every task, with keys `K` and values `V` (bincode); its changelog is
+    /// `<app-id>-<name>-changelog`.
+    pub fn store<K, V>(
+        &mut self,
+        name: impl Into<String>,
+        options: StoreOptions,
+    ) -> StoreHandle<K, V> {
+        let name = name.into();
+        let handle = StoreHandle::new(self.config.stores.len(), &name);
+        self.config.stores.push(StoreSpec { name, options });
+        handle
+    }
+
+    /// The application, with `factory` making each task's processor.
+    pub fn build(
+        &self,
+        factory: impl Fn(TaskId) -> Box<dyn Processor> + Send + Sync + 'static,
+    ) -> Result<App, TaskError> {
+        Ok(App::new(self.resolved()?, Arc::new(factory)))
+    }
+
+    /// The configuration the application runs with, checked.
+    pub(crate) fn resolved(&self) -> Result<AppConfig, TaskError> {
+        let mut config = self.config.clone();
+        config.group_protocol = self.checked_protocol()?;
+        self.check(&config)?;
+        Ok(config)
+    }
+
+    /// The protocol to run: the one set, or the default for the inputs; refused if it cannot
+    /// keep partition *p* of several inputs together.
+    fn checked_protocol(&self) -> Result<GroupProtocol, TaskError> {
+        let c = &self.config;
+        let protocol = self
+            .group_protocol
+            .unwrap_or_else(|| GroupProtocol::default_for(c.inputs.len()));
+        if c.inputs.len() > 1 {
+            let overridden = ["partition.assignment.strategy", "group.remote.assignor"]
+                .iter()
+                .any(|key| c.consumer_properties.get(*key).is_some_and(|v| v != "range"));
+            if !protocol.co_partitions() || overridden {
+                return Err(TaskError::CannotCoPartition {
+                    protocol: if overridden {
+                        "set by consumer properties"
+                    } else {
+                        protocol.name()
+                    },
+                    inputs: c.inputs.clone(),
+                });
+            }
+        }
+        Ok(protocol)
+    }
+
+    fn check(&self, c: &AppConfig) -> Result<(), TaskError> {
+        let invalid = |m: String| Err(TaskError::InvalidConfig(m));
+        if let Some(problem) = name_problem(&c.application_id) {
+            return invalid(format!(
+                "application id {:?} {problem} (it names the consumer group, a directory and the changelog topics)",
+                c.application_id
+            ));
+        }
+        if c.inputs.is_empty() {
+            return invalid("no input topic".into());
+        }
+        let mut inputs = BTreeSet::new();
+        for input in &c.inputs {
+            if !inputs.insert(input) {
+                return invalid(format!("input topic {input:?} is given twice"));
+            }
+        }
+        if c.threads == 0 {
+            return invalid("threads must be at least 1".into());
+        }
+        if c.commit_interval.is_zero() {
+            return invalid("the commit interval must be above zero".into());
+        }
+        if c.guarantee == ProcessingGuarantee::ExactlyOnce {
+            if c.transaction_timeout < Duration::from_secs(1)
+                || c.transaction_timeout <= c.commit_interval
+            {
+                return invalid(format!(
+                    "the transaction timeout ({:?}) must be at least 1 s and above the commit interval ({:?})",
+                    c.transaction_timeout, c.commit_interval
+                ));
+            }
+        }
+        if c.guarantee == ProcessingGuarantee::ExactlyOnce || c.static_membership {
+            if let Some(problem) = name_problem(&c.instance_id) {
+                return invalid(format!(
+                    "instance id {:?} {problem} (it names transactional ids and group members)",
+                    c.instance_id
+                ));
+            }
+        }
+        if c.static_membership {
+            if !self.instance_id_set {
+                return invalid(
+                    "static membership needs an instance id of this process's own (AppBuilder::instance_id): with a random one every start would be a new static member"
+                        .into(),
+                );
+            }
+            if c.group_protocol == GroupProtocol::Consumer {
+                return invalid(
+                    "static membership needs the classic protocol: under GroupProtocol::Consumer librdkafka fails a restarted member whose predecessor's session has not expired (UNRELEASED_INSTANCE_ID)"
+                        .into(),
+                );
+            }
+        }
+        if let ErrorPolicy::DeadLetter(topic) = &c.error_policy
+            && let Some(problem) = name_problem(topic)
+        {
+            return invalid(format!("dead-letter topic {topic:?} {problem}"));
+        }
+        // Kafka refuses a topic whose name collides with another's once '.' and '_' are
+        // treated alike: such stores would fail at their first restore.
+        let mut names = BTreeSet::new();
+        let mut topics: BTreeMap<String, &str> = BTreeMap::new();
+        for store in &c.stores {
+            if !names.insert(store.name.as_str()) {
+                return invalid(format!("store {:?} is declared twice", store.name));
+            }
+            if let Some(problem) = name_problem(&store.name) {
+                return invalid(format!(
+                    "store name {:?} {problem} (it names a directory and a topic)",
+                    store.name
+                ));
+            }
+            let topic = changelog_topic(&c.application_id, &store.name);
+            if topic.len() > MAX_TOPIC_NAME {
+                return invalid(format!(
+                    "the changelog topic of store {:?}, {topic}, is longer than Kafka's {MAX_TOPIC_NAME} characters",
+                    store.name
+                ));
+            }
+            if let Some(other) = topics.insert(topic.replace('.', "_"), &store.name) {
+                return invalid(format!(
+                    "stores {other:?} and {:?} have changelog topics that Kafka treats as the same name ('.' and '_' collide)",
+                    store.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `name` cannot name a group, a directory or a topic, if it cannot.
+fn name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("is empty")
+    } else if !name
+        .chars()
+        .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
+    {
+        Some("must be ASCII letters, digits, '.', '_' or '-'")
+    } else if name.chars().all(|ch| ch == '.') {
+        Some("must not be only dots (it would name this or the parent directory)")
+    } else {
+        None
+    }
+}
+
+/// A fresh instance id: the process id and the start time, enough to tell two processes apart.
+fn random_instance_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("p{}-{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::Record;
+    use crate::processor::Context;
+
+    struct Nothing;
+
+    impl Processor for Nothing {
+        fn process(&mut self, _: &mut Context<'_>, _: &Record<'_>) -> Result<(), kstate_core::BoxError> {
+            Ok(())
+        }
+    }
+
+    fn nothing(_: TaskId) -> Box<dyn Processor> {
+        Box::new(Nothing)
+    }
+
+    fn builder(inputs: &[&str]) -> AppBuilder {
+        let mut b = App::builder("app", "127.0.0.1:1");
+        for input in inputs {
+            b.input(*input);
+        }
+        b
+    }
+
+    fn refusal(builder: &AppBuilder) -> TaskError {
+        match builder.build(nothing) {
+            Ok(_) => panic!("built"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn several_inputs_default_to_a_protocol_that_co_partitions_them() {
+        let b = builder(&["a", "b"]);
+        b.build(nothing).expect("builds");
+        assert_eq!(b.checked_protocol().unwrap(), GroupProtocol::Eager);
+        assert_eq!(
+            builder(&["a"]).checked_protocol().unwrap(),
+            GroupProtocol::CooperativeSticky
+        );
+    }
+
+    #[test]
+    fn cooperative_sticky_is_refused_for_several_inputs_with_the_protocols_to_use() {
+        let mut b = builder(&["a", "b"]);
+        b.group_protocol(GroupProtocol::CooperativeSticky);
+        let error = refusal(&b);
+        assert!(matches!(error, TaskError::CannotCoPartition { .. }), "{error}");
+        assert!(error.to_string().contains("GroupProtocol::Eager"), "{error}");
+        let mut b = builder(&["a", "b"]);
+        b.consumer_property("partition.assignment.strategy", "cooperative-sticky");
+        assert!(matches!(refusal(&b), TaskError::CannotCoPartition { .. }));
+        let mut b = builder(&["a", "b"]);
+        b.group_protocol(GroupProtocol::Consumer)
+            .consumer_property("group.remote.assignor", "uniform");
+        assert!(matches!(refusal(&b), TaskError::CannotCoPartition { .. }));
+        for protocol in [GroupProtocol::Eager, GroupProtocol::Consumer] {
+            let mut b = builder(&["a", "b", "c"]);
+            b.group_protocol(protocol);
+            b.build(nothing).expect("co-partitions");
+        }
+    }
+
+    #[test]
+    fn store_and_application_names_that_would_break_directories_or_topics_are_refused() {
+        for name in [".", "..", "...", "", "a/b"] {
+            let mut b = builder(&["in"]);
+            b.store::<u64, u64>(name, StoreOptions::default());
+            assert!(
+                matches!(refusal(&b), TaskError::InvalidConfig(_)),
+                "store {name:?}"
+            );
+            let mut b = App::builder(name, "127.0.0.1:1");
+            b.input("in");
+            assert!(matches!(refusal(&b), TaskError::InvalidConfig(_)), "app {name:?}");
+        }
+        let mut b = builder(&["in"]);
+        b.store::<u64, u64>("a.b", StoreOptions::default());
+        b.store::<u64, u64>("a_b", StoreOptions::default());
+        let error = refusal(&b);
+        assert!(error.to_string().contains("collide"), "{error}");
+        let mut b = builder(&["in"]);
+        b.store::<u64, u64>("x".repeat(240), StoreOptions::default());
+        assert!(refusal(&b).to_string().contains("249"));
+        let mut b = builder(&["in", "in"]);
+        b.group_protocol(GroupProtocol::Eager);
+        assert!(refusal(&b).to_string().contains("twice"));
+    }
+
+    #[test]
+    fn static_membership_needs_an_instance_id_and_the_classic_protocol() {
+        let mut b = builder(&["in"]);
+        b.static_membership(true);
+        assert!(refusal(&b).to_string().contains("instance id"));
+        b.instance_id("host-1");
+        b.build(nothing).expect("builds");
+        assert_eq!(
+            b.config.group_instance_id(1).as_deref(),
+            Some("app-host-1-1")
+        );
+        b.group_protocol(GroupProtocol::Consumer);
+        assert!(refusal(&b).to_string().contains("classic protocol"));
+    }
+
+    #[test]
+    fn a_long_transaction_timeout_gives_restores_time_for_a_crashed_members_transaction() {
+        let mut b = builder(&["in"]);
+        b.processing_guarantee(ProcessingGuarantee::ExactlyOnce)
+            .transaction_timeout(Duration::from_secs(60));
+        let config = b.resolved().unwrap();
+        let changelog_wait = config.restore_open_timeout();
+        // The broker aborts a crashed member's transaction up to the transaction timeout plus
+        // its cleanup interval (10 s) after its last write: a restore must outwait that.
+        assert!(
+            changelog_wait >= Duration::from_secs(70),
+            "{changelog_wait:?}"
+        );
+        // And every wait inside a transaction is shorter than the transaction timeout.
+        assert!(config.delivery_timeout() < config.transaction_timeout);
+        assert!(config.commit_timeout() <= config.transaction_timeout);
+    }
+}

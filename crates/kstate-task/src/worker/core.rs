@@ -1,0 +1,747 @@
+//! The worker's state and the transitions the poll loop and the rebalance callbacks drive:
+//! assigned, revoked (or lost), restored, a record, timers, the periodic commit, a task's
+//! failure (the error policy, an abort and rewind, a restore again), the producer lost. The
+//! consumer is an [`Input`] and the commit path a [`CommitPath`], so that every transition has a
+//! unit test without a broker (`worker::tests`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use kstate_kafka::CancelToken;
+use rdkafka::TopicPartitionList;
+use rdkafka::error::KafkaResult;
+
+use crate::config::ErrorPolicy;
+use crate::error::TaskError;
+use crate::ids::{InputPartition, Record, TaskId};
+use crate::restorer::{Done, Job};
+use crate::shared::AppShared;
+use crate::status::Progress;
+use crate::task::Task;
+use crate::worker::commit::{CommitPath, Committed, Occasion};
+use crate::worker::failure::{Failure, classify};
+use crate::worker::health::{Health, ProducerLosses};
+use crate::worker::input::Input;
+use crate::worker::retries::Retries;
+use crate::worker::slots::{Buffered, Released, Slots};
+
+/// A task whose stores keep disagreeing with their changelog after this many restores in a row
+/// (without a commit in between) fails the worker.
+const MAX_RESTORES: u32 = 3;
+
+/// Kafka Streams' dead-letter headers (KIP-1034), so that tools made for its dead-letter
+/// queues read ours; and the task, which it does not name.
+const DEAD_LETTER_EXCEPTION: &str = "__streams.errors.exception";
+const DEAD_LETTER_MESSAGE: &str = "__streams.errors.message";
+const DEAD_LETTER_TOPIC: &str = "__streams.errors.topic";
+const DEAD_LETTER_PARTITION: &str = "__streams.errors.partition";
+const DEAD_LETTER_OFFSET: &str = "__streams.errors.offset";
+const DEAD_LETTER_TASK: &str = "__kstate.errors.task";
+
+/// Exactly-once: a record whose own failure an abort undid; when it comes again, the error
+/// policy handles it instead of the processor.
+struct FailedRecord {
+    input: InputPartition,
+    offset: i64,
+    error: TaskError,
+}
+
+/// A worker's state.
+pub(crate) struct Core {
+    pub(crate) index: usize,
+    app: Arc<AppShared>,
+    path: Box<dyn CommitPath>,
+    pub(crate) slots: Slots,
+    jobs: Sender<Job>,
+    next_job: u64,
+    pub(crate) health: Health,
+    losses: ProducerLosses,
+    retries: Retries,
+    failed_record: Option<FailedRecord>,
+    /// Restores in a row per task whose stores disagreed with their changelogs.
+    restores: BTreeMap<i32, u32>,
+    /// After an abort: nothing is processed before this.
+    pub(crate) backoff_until: Option<Instant>,
+}
+
+impl Core {
+    pub(crate) fn new(
+        index: usize,
+        app: Arc<AppShared>,
+        path: Box<dyn CommitPath>,
+        jobs: Sender<Job>,
+    ) -> Self {
+        Core {
+            index,
+            slots: Slots::new(index, app.clone()),
+            app,
+            path,
+            jobs,
+            next_job: 0,
+            health: Health::Ok,
+            losses: ProducerLosses::default(),
+            retries: Retries::default(),
+            failed_record: None,
+            restores: BTreeMap::new(),
+            backoff_until: None,
+        }
+    }
+
+    fn fail(&mut self, error: TaskError) {
+        self.health.fail(self.index, error);
+    }
+
+    /// The producer could not go on, or something else failed in it.
+    fn producer_failed(&mut self, error: TaskError) {
+        if classify(&error) == Failure::ProducerLost {
+            self.health
+                .producer_lost(self.index, error, &mut self.losses);
+        } else {
+            self.fail(error);
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        self.app.config.commit_timeout()
+    }
+
+    // ----- assignment -----
+
+    /// Input partitions were assigned: each is paused (an input is fetched only while its task
+    /// runs); a task whose every input is now held starts restoring.
+    pub(crate) fn assigned(&mut self, input: &dyn Input, partitions: &[InputPartition]) {
+        if partitions.is_empty() {
+            return;
+        }
+        if let Err(e) = input.pause(partitions) {
+            self.fail(e);
+            return;
+        }
+        let mut complete: Vec<i32> = partitions
+            .iter()
+            .filter_map(|ip| self.slots.hold(ip))
+            .collect();
+        complete.sort_unstable();
+        complete.dedup();
+        if !complete.is_empty() {
+            tracing::info!(worker = self.index, tasks = ?complete, "assigned; restoring");
+        }
+        for p in complete {
+            self.start_restore(p);
+        }
+    }
+
+    fn start_restore(&mut self, partition: i32) {
+        let progress = Arc::new(Progress::new());
+        let cancel = CancelToken::new();
+        self.next_job += 1;
+        let config = &self.app.config;
+        let job = Job {
+            id: self.next_job,
+            task: TaskId { partition },
+            stores: config
+                .stores
+                .iter()
+                .map(|s| {
+                    (
+                        config.store_dir(partition, &s.name),
+                        config.changelog(&s.name, partition, self.app.partitions),
+                    )
+                })
+                .collect(),
+            cancel: cancel.clone(),
+            progress: progress.clone(),
+        };
+        self.slots
+            .begin_restore(partition, self.next_job, cancel, progress);
+        if self.jobs.send(job).is_err() {
+            self.fail(TaskError::Thread {
+                name: format!("kstate-restorer-{}", self.index),
+                message: "the restorer thread stopped".into(),
+            });
+        }
+    }
+
+    /// Input partitions were revoked (or `lost`: taken away without a revocation, after a
+    /// session timeout or a fencing). The tasks they end are committed and closed, unless the
+    /// assignment was lost or the worker is unhealthy: then their uncommitted work is dropped
+    /// (under exactly-once the transaction aborts, and the remaining tasks start over from
+    /// their committed offsets). A task's other inputs still held are paused.
+    pub(crate) fn revoked(&mut self, input: &dyn Input, partitions: &[InputPartition], lost: bool) {
+        let mut ending: Vec<i32> = partitions
+            .iter()
+            .map(|ip| ip.partition)
+            .filter(|p| self.slots.task_mut(*p).is_some())
+            .collect();
+        ending.sort_unstable();
+        ending.dedup();
+        let mut close = false;
+        let mut rewind = false;
+        if !ending.is_empty() {
+            if !lost && self.health.is_ok() {
+                tracing::info!(worker = self.index, tasks = ?ending, "committing and closing tasks");
+                for p in &ending {
+                    self.slots.closing(*p);
+                }
+                (close, rewind) = self.commit_ending(input, &ending);
+            } else {
+                tracing::warn!(worker = self.index, tasks = ?ending, lost, "dropping tasks without a commit");
+                rewind = self.abandon("tasks lost, or the worker failed");
+            }
+        }
+        let mut touched: Vec<i32> = Vec::new();
+        for ip in partitions {
+            touched.push(ip.partition);
+            if let Released::Task(task) = self.slots.release(ip) {
+                if close {
+                    if let Err(e) = task.close() {
+                        tracing::warn!(worker = self.index, error = %e, "closing a task failed");
+                    }
+                } else {
+                    drop(task);
+                }
+            }
+        }
+        // A task's inputs still held here are paused: the task no longer runs.
+        touched.sort_unstable();
+        touched.dedup();
+        let still_held: Vec<InputPartition> = self
+            .slots
+            .held()
+            .into_iter()
+            .filter(|ip| touched.contains(&ip.partition))
+            .collect();
+        if let Err(e) = input.pause(&still_held) {
+            self.fail(e);
+        }
+        if rewind && self.health.is_ok() {
+            self.rewind(input);
+        }
+    }
+
+    /// The last commit of ending tasks: returns whether to close them (they committed), and
+    /// whether the remaining tasks must start over (a shared transaction aborted).
+    fn commit_ending(&mut self, input: &dyn Input, ending: &[i32]) -> (bool, bool) {
+        let shared = self.path.shared_fate();
+        let Core { slots, path, .. } = self;
+        let mut tasks: Vec<&mut Task> = slots
+            .running()
+            .into_iter()
+            .filter(|t| shared || ending.contains(&t.id.partition))
+            .collect();
+        match path.commit(&mut tasks, input, Occasion::Ending) {
+            Ok(Committed::Done) => {
+                self.retries.committed();
+                (true, false)
+            }
+            Ok(Committed::Aborted(why)) => {
+                tracing::warn!(worker = self.index, reason = %why, "the last transaction of ending tasks aborted; the others start over");
+                (false, true)
+            }
+            Err(e) if shared => {
+                tracing::warn!(worker = self.index, error = %e, "the last commit of ending tasks failed");
+                match classify(&e) {
+                    Failure::ProducerLost | Failure::Fatal => {
+                        self.producer_failed(e);
+                        (false, false)
+                    }
+                    _ => (false, self.abandon(&e.to_string())),
+                }
+            }
+            Err(e) => {
+                // At-least-once: the ending tasks' input replays from their last commit.
+                tracing::warn!(worker = self.index, error = %e, "the last commit of ending tasks failed; their input will be replayed");
+                (false, false)
+            }
+        }
+    }
+
+    /// Drops the uncommitted work of every task: under exactly-once the transaction aborts, and
+    /// the result is true (every running task must start over); an abort that fails loses the
+    /// producer.
+    fn abandon(&mut self, why: &str) -> bool {
+        if !self.path.shared_fate() {
+            return false;
+        }
+        match self.path.abandon(why) {
+            Ok(()) => true,
+            Err(e) => {
+                self.producer_failed(e);
+                false
+            }
+        }
+    }
+
+    /// The consumer reported a rebalance error and unassigned everything: every task is
+    /// dropped as if lost.
+    pub(crate) fn rebalance_error(&mut self, input: &dyn Input, error: &dyn std::fmt::Display) {
+        tracing::warn!(worker = self.index, %error, "rebalance error: the assignment is dropped");
+        let held = self.slots.held();
+        self.revoked(input, &held, true);
+    }
+
+    // ----- restores -----
+
+    /// Restores finished: their tasks start from their committed input offsets (fetched in
+    /// one request for all of them), run the records buffered meanwhile, and resume.
+    pub(crate) fn restored(&mut self, input: &dyn Input, done: Vec<Done>) {
+        let mut ready = Vec::new();
+        for done in done {
+            let p = done.task.partition;
+            let Some(restoring) = self.slots.finish_restore(p, done.id) else {
+                continue; // cancelled: revoked meanwhile
+            };
+            match done.result {
+                Ok(stores) => ready.push((done.task, restoring, stores)),
+                Err(e) => {
+                    self.slots.restore_failed(p);
+                    self.fail(e);
+                }
+            }
+        }
+        if ready.is_empty() || !self.health.is_ok() {
+            for (task, _, _) in ready {
+                self.slots.restore_failed(task.partition);
+            }
+            return;
+        }
+        let partitions: Vec<InputPartition> = ready
+            .iter()
+            .flat_map(|(task, _, _)| self.slots.inputs_of(task.partition))
+            .collect();
+        let committed = match input.committed(&partitions, self.timeout()) {
+            Ok(c) => c,
+            Err(e) => {
+                for (task, _, _) in ready {
+                    self.slots.restore_failed(task.partition);
+                }
+                self.fail(e);
+                return;
+            }
+        };
+        for (id, restoring, stores) in ready {
+            let p = id.partition;
+            if !self.health.is_ok() {
+                self.slots.restore_failed(p);
+                continue;
+            }
+            let Some(offsets) = self.start_offsets(input, p, &committed) else {
+                self.slots.restore_failed(p);
+                continue;
+            };
+            let config = &self.app.config;
+            let started = Task::start(
+                id,
+                &config.stores,
+                stores,
+                self.path.producer(),
+                &self.app.factory,
+                config.delivery_timeout(),
+                &offsets,
+            );
+            let task = match started {
+                Ok(task) => task,
+                Err(e) => {
+                    self.slots.restore_failed(p);
+                    self.task_failed(input, None, e);
+                    continue;
+                }
+            };
+            tracing::info!(worker = self.index, task = %id, "restored; running");
+            self.slots.run(Box::new(task));
+            for b in restoring.buffered {
+                if !self.health.is_ok() || self.slots.task_mut(p).is_none() {
+                    break;
+                }
+                let record = Record {
+                    topic: &b.topic,
+                    partition: p,
+                    offset: b.offset,
+                    timestamp: b.timestamp,
+                    key: b.key.as_deref(),
+                    value: b.value.as_deref(),
+                };
+                self.process(input, &record);
+            }
+            if let Some(task) = self.slots.task_mut(p) {
+                task.resumed();
+                if let Err(e) = input.resume(&self.slots.inputs_of(p)) {
+                    self.fail(e);
+                }
+            }
+        }
+    }
+
+    /// Task `p`'s next offset per input: the committed one, or where the consumer starts a
+    /// partition without one (`auto.offset.reset`). `None` (and the worker failed) if the
+    /// watermarks could not be read.
+    fn start_offsets(
+        &mut self,
+        input: &dyn Input,
+        partition: i32,
+        committed: &BTreeMap<InputPartition, i64>,
+    ) -> Option<BTreeMap<String, i64>> {
+        let mut offsets = BTreeMap::new();
+        for ip in self.slots.inputs_of(partition) {
+            let offset = match committed.get(&ip) {
+                Some(offset) => *offset,
+                None => match input.watermarks(&ip, self.timeout()) {
+                    Ok((low, high)) => {
+                        if self.app.config.starts_at_latest() {
+                            high
+                        } else {
+                            low
+                        }
+                    }
+                    Err(e) => {
+                        self.fail(e);
+                        return None;
+                    }
+                },
+            };
+            offsets.insert(ip.topic, offset);
+        }
+        Some(offsets)
+    }
+
+    // ----- records and timers -----
+
+    /// A record from the consumer.
+    pub(crate) fn record(&mut self, input: &dyn Input, record: &Record<'_>) {
+        if self.slots.task_mut(record.partition).is_some() {
+            self.process(input, record);
+        } else if let Some(restoring) = self.slots.restoring_mut(record.partition) {
+            // Handed over before the pause took hold: kept for when the task is ready.
+            restoring.buffered.push(Buffered {
+                topic: record.topic.to_string(),
+                offset: record.offset,
+                timestamp: record.timestamp,
+                key: record.key.map(<[u8]>::to_vec),
+                value: record.value.map(<[u8]>::to_vec),
+            });
+        } else {
+            // No task runs for it here: nothing commits its offset, so its next owner (or this
+            // worker's task, once it runs) reads it.
+            tracing::debug!(
+                worker = self.index,
+                topic = record.topic,
+                partition = record.partition,
+                offset = record.offset,
+                "record for a task not running on this worker"
+            );
+        }
+    }
+
+    fn process(&mut self, input: &dyn Input, record: &Record<'_>) {
+        if self.failed_record.as_ref().is_some_and(|f| {
+            f.input.partition == record.partition
+                && f.input.topic == record.topic
+                && f.offset == record.offset
+        }) && let Some(failed) = self.failed_record.take()
+        {
+            self.apply_policy(record, failed.error);
+            return;
+        }
+        let Core { slots, path, .. } = self;
+        let Some(task) = slots.task_mut(record.partition) else {
+            return;
+        };
+        if let Err(e) = task.process(path.producer(), record) {
+            self.task_failed(input, Some(record), e);
+        }
+    }
+
+    /// Fires the due wall-clock timers.
+    pub(crate) fn fire_timers(&mut self, input: &dyn Input) {
+        let now = Instant::now();
+        for p in self.slots.running_ids() {
+            if !self.health.is_ok() {
+                return;
+            }
+            let Core { slots, path, .. } = self;
+            let Some(task) = slots.task_mut(p) else {
+                continue;
+            };
+            if task.next_timer().is_some_and(|t| t <= now)
+                && let Err(e) = task.fire_timers(path.producer(), now, false)
+            {
+                self.task_failed(input, None, e);
+            }
+        }
+    }
+
+    pub(crate) fn next_timer(&mut self) -> Option<Instant> {
+        self.slots
+            .running()
+            .into_iter()
+            .filter_map(|t| t.next_timer())
+            .min()
+    }
+
+    // ----- commits -----
+
+    /// The periodic commit of every running task.
+    pub(crate) fn commit(&mut self, input: &dyn Input) {
+        if !self.health.is_ok() {
+            return;
+        }
+        let Core { slots, path, .. } = self;
+        let mut tasks = slots.running();
+        match path.commit(&mut tasks, input, Occasion::Periodic) {
+            Ok(Committed::Done) => {
+                self.retries.committed();
+                self.restores.clear();
+            }
+            Ok(Committed::Aborted(why)) => {
+                tracing::warn!(worker = self.index, reason = %why, "transaction aborted; tasks start over from their committed offsets");
+                self.start_over(input, why);
+            }
+            Err(e) => self.task_failed(input, None, e),
+        }
+    }
+
+    /// The result of an asynchronous offset commit: on success the tasks know the group holds
+    /// their offsets; on failure the offsets stay pending and the next commit sends them again.
+    pub(crate) fn offsets_committed(&mut self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {
+                for task in self.slots.running() {
+                    task.offsets_committed(offsets);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(worker = self.index, error = %e, "input offset commit failed; the next commit sends the offsets again");
+            }
+        }
+    }
+
+    // ----- failures -----
+
+    /// A task failed, on `record` if a record was being processed.
+    pub(crate) fn task_failed(&mut self, input: &dyn Input, record: Option<&Record<'_>>, error: TaskError) {
+        match classify(&error) {
+            Failure::Record => match record {
+                Some(record) if self.app.config.error_policy != ErrorPolicy::Fail => {
+                    if self.path.shared_fate() {
+                        // Undo the record's partial effects first; when it comes again, the
+                        // policy takes it (inside the transaction that carries its offset).
+                        tracing::warn!(worker = self.index, error = %error, "a record failed: aborting, then the error policy takes it");
+                        self.failed_record = Some(FailedRecord {
+                            input: InputPartition::new(record.topic, record.partition),
+                            offset: record.offset,
+                            error,
+                        });
+                        if self.abandon("a record failed") {
+                            self.rewind(input);
+                        }
+                    } else {
+                        self.apply_policy(record, error);
+                    }
+                }
+                _ => self.fail(error),
+            },
+            Failure::Transient if self.path.shared_fate() => {
+                let why = error.to_string();
+                if self.abandon(&why) {
+                    self.start_over(input, why);
+                }
+            }
+            Failure::Transient | Failure::Fatal => self.fail(error),
+            Failure::Corrupted { store } => {
+                let partition = store
+                    .and_then(|s| self.slots.task_with_store(&s))
+                    .or(record.map(|r| r.partition));
+                match partition {
+                    Some(p) => self.restore_again(input, p, error),
+                    None => self.fail(error),
+                }
+            }
+            Failure::ProducerLost => self.producer_failed(error),
+        }
+    }
+
+    /// After an abort: every running task starts over from its committed offsets, after a
+    /// back-off; too many aborts in a row fail the worker.
+    fn start_over(&mut self, input: &dyn Input, why: String) {
+        match self.retries.aborted() {
+            Some(wait) => {
+                self.backoff_until = Some(Instant::now() + wait);
+                self.rewind(input);
+            }
+            None => {
+                let attempts = self.retries.aborts();
+                self.fail(TaskError::RetriesExhausted {
+                    worker: self.index,
+                    attempts,
+                    last: why,
+                });
+            }
+        }
+    }
+
+    /// Every running task starts over from its committed input offsets: a new processor,
+    /// nothing pending, the input sought back. All or nothing: a failure fails the worker, as
+    /// nothing may be committed past records whose effects the abort dropped.
+    pub(crate) fn rewind(&mut self, input: &dyn Input) {
+        let ids = self.slots.running_ids();
+        if ids.is_empty() {
+            return;
+        }
+        let partitions: Vec<InputPartition> =
+            ids.iter().flat_map(|p| self.slots.inputs_of(*p)).collect();
+        let committed = match input.committed(&partitions, self.timeout()) {
+            Ok(c) => c,
+            Err(e) => return self.fail(e),
+        };
+        metrics::counter!("kstate_task_rewinds").increment(1);
+        for p in ids {
+            let Some(offsets) = self.start_offsets(input, p, &committed) else {
+                return;
+            };
+            let Core {
+                slots, path, app, ..
+            } = self;
+            let Some(task) = slots.task_mut(p) else {
+                continue;
+            };
+            if let Err(e) = task.rewind(path.producer(), &app.factory, &offsets) {
+                return self.fail(e);
+            }
+            for (topic, offset) in &offsets {
+                let ip = InputPartition::new(topic.clone(), p);
+                if let Err(e) = input.seek(&ip, *offset, self.timeout()) {
+                    return self.fail(e);
+                }
+            }
+        }
+    }
+
+    /// Task `p`'s stores disagree with their changelogs (another writer's records, such as a
+    /// paused member's aborted ones, after its restore's end): it is dropped without a commit
+    /// and restored again, which replays what is committed since its stored offsets.
+    fn restore_again(&mut self, input: &dyn Input, partition: i32, error: TaskError) {
+        let restores = self.restores.entry(partition).or_insert(0);
+        *restores += 1;
+        if *restores > MAX_RESTORES {
+            let restores = *restores - 1;
+            return self.fail(TaskError::Corrupted {
+                task: TaskId { partition },
+                restores,
+                last: error.to_string(),
+            });
+        }
+        tracing::warn!(worker = self.index, task = partition, error = %error, "a store disagrees with its changelog: restoring the task again");
+        metrics::counter!("kstate_task_restored_again").increment(1);
+        let rewind = self.abandon("a store disagrees with its changelog");
+        if let Some(task) = self.slots.take_for_restore(partition) {
+            drop(task);
+        }
+        if let Err(e) = input.pause(&self.slots.inputs_of(partition)) {
+            return self.fail(e);
+        }
+        if !self.health.is_ok() {
+            return;
+        }
+        self.start_restore(partition);
+        if rewind {
+            self.rewind(input);
+        }
+    }
+
+    /// The application's error policy takes a record that failed on its own account.
+    fn apply_policy(&mut self, record: &Record<'_>, error: TaskError) {
+        let task = TaskId {
+            partition: record.partition,
+        };
+        match &self.app.config.error_policy {
+            ErrorPolicy::Fail => self.fail(error),
+            ErrorPolicy::LogAndContinue => {
+                tracing::warn!(worker = self.index, %task, topic = record.topic, offset = record.offset, error = %error, "skipping a record that failed");
+                metrics::counter!("kstate_task_skipped_records").increment(1);
+                if let Some(t) = self.slots.task_mut(record.partition) {
+                    t.skip(record);
+                }
+            }
+            ErrorPolicy::DeadLetter(topic) => {
+                let topic = topic.clone();
+                let message = error.to_string();
+                let partition = record.partition.to_string();
+                let offset = record.offset.to_string();
+                let task_name = task.to_string();
+                let headers: [(&str, &[u8]); 6] = [
+                    (DEAD_LETTER_EXCEPTION, kind_of(&error).as_bytes()),
+                    (DEAD_LETTER_MESSAGE, message.as_bytes()),
+                    (DEAD_LETTER_TOPIC, record.topic.as_bytes()),
+                    (DEAD_LETTER_PARTITION, partition.as_bytes()),
+                    (DEAD_LETTER_OFFSET, offset.as_bytes()),
+                    (DEAD_LETTER_TASK, task_name.as_bytes()),
+                ];
+                let sent = self.path.producer().send_with_headers(
+                    &topic,
+                    record.key,
+                    record.value,
+                    &headers,
+                    self.app.config.delivery_timeout(),
+                );
+                match sent {
+                    Ok(()) => {
+                        tracing::warn!(worker = self.index, %task, topic = record.topic, offset = record.offset, dead_letter = %topic, error = %error, "a record that failed went to the dead-letter topic");
+                        metrics::counter!("kstate_task_dead_letters").increment(1);
+                        if let Some(t) = self.slots.task_mut(record.partition) {
+                            t.skip(record);
+                        }
+                    }
+                    Err(source) => self.fail(TaskError::Output {
+                        task,
+                        topic,
+                        source: Box::new(source),
+                    }),
+                }
+            }
+        }
+    }
+
+    // ----- the producer lost, and the end -----
+
+    /// The producer could not go on: every task and restore is dropped without applying
+    /// anything (the lost transaction's overlays die with the stores), and a new producer is
+    /// made. The caller rejoins the group.
+    pub(crate) fn replace_producer(&mut self) {
+        if let Health::ProducerLost(why) = &self.health {
+            tracing::info!(worker = self.index, reason = %why, "replacing the producer");
+        }
+        let dropped = self.slots.drop_all();
+        drop(dropped);
+        self.failed_record = None;
+        match self.path.renew(&self.app.config) {
+            Ok(()) => self.health.recovered(),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Shutting down (or failed): every task is ended as by a revocation.
+    pub(crate) fn end(&mut self, input: &dyn Input) {
+        let held = self.slots.held();
+        self.revoked(input, &held, false);
+    }
+
+    pub(crate) fn restoring_any(&self) -> bool {
+        !self.slots.restoring_ids().is_empty()
+    }
+
+    pub(crate) fn commit_requested(&self) -> bool {
+        self.path.producer().commit_requested()
+    }
+}
+
+/// The failure's kind, for the dead-letter header Kafka Streams fills with an exception class.
+fn kind_of(error: &TaskError) -> &'static str {
+    match error {
+        TaskError::Processor { .. } => "kstate_task::TaskError::Processor",
+        TaskError::Output { .. } => "kstate_task::TaskError::Output",
+        TaskError::Store { .. } => "kstate_task::TaskError::Store",
+        _ => "kstate_task::TaskError",
+    }
+}

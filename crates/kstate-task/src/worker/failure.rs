@@ -1,0 +1,282 @@
+//! What kind of failure a task's error is, which decides what the worker does with it:
+//!
+//! | kind | at-least-once | exactly-once |
+//! |---|---|---|
+//! | the record's own ([`Failure::Record`]) | the error policy, at once | abort, rewind, and the error policy when the record comes again |
+//! | transient (a broker that did not answer) | fail | abort and rewind, at most [`MAX_ABORTS`](super::retries::MAX_ABORTS) times in a row |
+//! | a store that disagrees with its changelog | restore the task again (bounded) | abort, rewind the others, restore the task again |
+//! | the producer cannot go on | — | drop every task, new producer, rejoin |
+//! | anything else (a panic, a denied write, a missing topic) | fail | fail |
+//!
+//! A record's own failures are the ones that would fail the same way every time: the processor
+//! returned an error (a value that does not decode among them), or an output cannot ever be
+//! sent (larger than `message.max.bytes`, to a partition the topic lacks). Only a failure that
+//! happened while the record was processed is attributed to it; an output that fails later, in
+//! the commit, is transient (under exactly-once the retry then fails while processing, and is
+//! attributed).
+
+use kstate_core::PoisonReason;
+use kstate_kafka::{ChangelogError, TransactionError};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::error::TaskError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The record's own: the error policy decides.
+    Record,
+    /// May pass: under exactly-once, abort and retry.
+    Transient,
+    /// A store disagrees with its changelog (another writer's records, perhaps aborted ones):
+    /// the task with the store named here restores again.
+    Corrupted { store: Option<String> },
+    /// The producer cannot go on: fenced, or an abort that could not complete.
+    ProducerLost,
+    /// Nothing a retry or a skip can fix.
+    Fatal,
+}
+
+pub(crate) fn classify(error: &TaskError) -> Failure {
+    match error {
+        TaskError::Processor { source, .. } => {
+            if let Some(task) = source.downcast_ref::<TaskError>() {
+                classify(task)
+            } else if let Some(store) = source.downcast_ref::<kstate_core::Error>() {
+                store_failure(store)
+            } else {
+                // The processor's own error.
+                Failure::Record
+            }
+        }
+        TaskError::Store { source, .. } => store_failure(source),
+        TaskError::Output { source, .. } => changelog_failure(source, true),
+        TaskError::Producer { source, .. } => changelog_failure(source, false),
+        TaskError::Transaction { source, .. } => match &**source {
+            TransactionError::Aborted { .. } => Failure::Transient,
+            TransactionError::Fatal { .. } => Failure::ProducerLost,
+            TransactionError::Store { store, source, .. } => match store_failure(source) {
+                Failure::Corrupted { .. } => Failure::Corrupted {
+                    store: Some(store.clone()),
+                },
+                other => other,
+            },
+            _ => Failure::Fatal,
+        },
+        _ => Failure::Fatal,
+    }
+}
+
+fn store_failure(error: &kstate_core::Error) -> Failure {
+    match error {
+        kstate_core::Error::Poisoned { reason, store } => {
+            if reason.is_transient() {
+                Failure::Transient
+            } else if matches!(
+                reason,
+                PoisonReason::ForeignWrite { .. } | PoisonReason::OutOfOrder { .. }
+            ) {
+                Failure::Corrupted {
+                    store: Some(store.clone()),
+                }
+            } else {
+                Failure::Fatal
+            }
+        }
+        kstate_core::Error::Decode { .. }
+        | kstate_core::Error::Encode { .. }
+        | kstate_core::Error::InvalidArgument { .. } => Failure::Record,
+        _ => Failure::Fatal,
+    }
+}
+
+/// `attributed`: the failure happened while the record was processed (a send refused at once).
+fn changelog_failure(error: &ChangelogError, attributed: bool) -> Failure {
+    let code = match error {
+        ChangelogError::Kafka { source, .. } => kafka_code(source),
+        ChangelogError::OutputFailed { code, .. } => *code,
+        ChangelogError::Store(store) => return store_failure(store),
+        _ => return Failure::Fatal,
+    };
+    match code {
+        Some(code) if never_deliverable(code) => {
+            if attributed {
+                Failure::Record
+            } else {
+                Failure::Transient
+            }
+        }
+        Some(code) if misconfigured(code) => Failure::Fatal,
+        _ => Failure::Transient,
+    }
+}
+
+fn kafka_code(error: &KafkaError) -> Option<RDKafkaErrorCode> {
+    error.rdkafka_error_code()
+}
+
+/// An output that can never be delivered, whatever the broker does next.
+fn never_deliverable(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::UnknownPartition
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidMessage
+    )
+}
+
+/// The application's setup is wrong (a topic missing, a write denied): skipping records would
+/// lose them for a mistake an operator can fix.
+fn misconfigured(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::UnknownTopic
+            | RDKafkaErrorCode::UnknownTopicOrPartition
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ProcessorStep;
+    use crate::ids::TaskId;
+
+    const TASK: TaskId = TaskId { partition: 0 };
+
+    fn output(code: RDKafkaErrorCode) -> TaskError {
+        TaskError::Output {
+            task: TASK,
+            topic: "out".into(),
+            source: Box::new(ChangelogError::Kafka {
+                topic: "out".into(),
+                partition: 1,
+                operation: "send output",
+                source: KafkaError::MessageProduction(code),
+            }),
+        }
+    }
+
+    /// What a processor returns when its `ctx.send(..)?` failed.
+    fn through_processor(error: TaskError) -> TaskError {
+        TaskError::Processor {
+            task: TASK,
+            step: ProcessorStep::Init,
+            source: Box::new(error),
+        }
+    }
+
+    #[test]
+    fn outputs_that_can_never_be_sent_are_the_records_fault_when_refused_at_once() {
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::UnknownPartition,
+        ] {
+            assert_eq!(classify(&output(code)), Failure::Record, "{code:?}");
+            assert_eq!(
+                classify(&through_processor(output(code))),
+                Failure::Record,
+                "{code:?} through the processor"
+            );
+        }
+        let later = TaskError::Producer {
+            worker: 0,
+            source: Box::new(ChangelogError::OutputFailed {
+                message: "too large".into(),
+                code: Some(RDKafkaErrorCode::MessageSizeTooLarge),
+            }),
+        };
+        assert_eq!(classify(&later), Failure::Transient, "found at the commit");
+    }
+
+    #[test]
+    fn a_missing_topic_or_a_denied_write_fails_instead_of_skipping() {
+        for code in [
+            RDKafkaErrorCode::UnknownTopic,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        ] {
+            assert_eq!(classify(&output(code)), Failure::Fatal, "{code:?}");
+        }
+        assert_eq!(
+            classify(&output(RDKafkaErrorCode::QueueFull)),
+            Failure::Transient
+        );
+    }
+
+    #[test]
+    fn store_failures_by_kind() {
+        let poisoned = |reason| kstate_core::Error::Poisoned {
+            store: "s".into(),
+            reason,
+        };
+        let store = |source| TaskError::Store {
+            task: TASK,
+            store: "s".into(),
+            source,
+        };
+        let foreign = poisoned(PoisonReason::ForeignWrite {
+            expected_offset: 1,
+            actual_offset: 5,
+        });
+        assert_eq!(
+            classify(&store(foreign)),
+            Failure::Corrupted {
+                store: Some("s".into())
+            }
+        );
+        let timeout = poisoned(PoisonReason::Timeout {
+            waiting_for: "acks".into(),
+            waited: std::time::Duration::from_secs(1),
+        });
+        assert_eq!(classify(&store(timeout)), Failure::Transient);
+        let decode = kstate_core::Error::Decode {
+            store: "s".into(),
+            what: "value",
+            location: "key 00".into(),
+            source: "bad bytes".into(),
+        };
+        assert_eq!(
+            classify(&through_processor_store(decode)),
+            Failure::Record,
+            "a value that does not decode is the record's failure"
+        );
+    }
+
+    fn through_processor_store(error: kstate_core::Error) -> TaskError {
+        TaskError::Processor {
+            task: TASK,
+            step: ProcessorStep::Init,
+            source: Box::new(error),
+        }
+    }
+
+    #[test]
+    fn panics_and_fencing() {
+        let panicked = TaskError::Panicked {
+            task: TASK,
+            step: ProcessorStep::Init,
+            message: "boom".into(),
+        };
+        assert_eq!(classify(&panicked), Failure::Fatal);
+        let fenced = TaskError::transaction(
+            0,
+            TransactionError::Fatal {
+                transactional_id: "t".into(),
+                operation: "commit",
+                message: "fenced".into(),
+                fenced: true,
+            },
+        );
+        assert_eq!(classify(&fenced), Failure::ProducerLost);
+        let user = TaskError::Processor {
+            task: TASK,
+            step: ProcessorStep::Init,
+            source: "the processor's own error".into(),
+        };
+        assert_eq!(classify(&user), Failure::Record);
+    }
+}

@@ -1,0 +1,210 @@
+//! A worker thread: one member of the consumer group, its producer, its restorer thread, and the
+//! tasks it runs. Its parts, by name:
+//!
+//! - this file: the poll loop, and nothing else: poll a record or wait, then the chores
+//!   (finished restores, timers, the commit), then the producer loss or the stop;
+//! - [`callbacks`]: librdkafka's rebalance, commit and statistics callbacks;
+//! - [`slots`]: each task's state, `Incomplete` → `Restoring` → `Running`, and the only writer
+//!   of the status registry;
+//! - [`core`]: the transitions (assigned, revoked, lost, restored, a record, a failure, an abort
+//!   and rewind, the producer lost) over an [`input::Input`] and a [`commit::CommitPath`];
+//! - [`commit`]: the commit path, at-least-once or transactional, chosen once;
+//! - [`failure`]: what kind of failure an error is; [`retries`]: bounded aborts;
+//!   [`health`]: ok, producer lost, failed.
+//!
+//! # Tasks and rebalances
+//! - **Assigned**: every new input partition is paused. A task whose worker now holds
+//!   partition *p* of every input restores its stores on the restorer thread while the worker
+//!   keeps processing its other tasks; then it starts from its committed offsets, runs the
+//!   records handed over before the pause took hold, and resumes. A worker holding only some
+//!   of task *p*'s partitions (a protocol handing them over one by one, or members with
+//!   different subscriptions) keeps them paused and runs nothing for them.
+//! - **Revoked**: the ending tasks are committed (under exactly-once, the one transaction of
+//!   every task) and closed, within the revocation timeout; a restore in progress is
+//!   cancelled. The directories stay: a later reassignment replays only the tail.
+//! - **Lost** (the member was fenced or timed out): the tasks are dropped without a commit
+//!   (under exactly-once the transaction aborts, and the others start over).
+//! - **A failure** follows its kind ([`failure`]): the error policy for a record's own,
+//!   abort-and-retry under exactly-once for a transient one, a restore again for a store that
+//!   disagrees with its changelog, a new producer for a lost one; anything else stops the
+//!   worker, and with it the application: nothing after it is committed, and a restart
+//!   restores.
+//!
+//! # Exactly-once
+//! The worker's producer is transactional (`<app-id>-<instance-id>-<worker>`), created before
+//! the consumer subscribes, so its fencing of an earlier incarnation (which aborts that one's
+//! open transaction) happens before any restore captures its end offset. A transaction is
+//! always open; every commit interval (or sooner, when a store's overlay is full) it commits
+//! with the tasks' input offsets — at least one, so that the broker checks the group
+//! generation — and the stores apply their overlays after it. Every wait inside a transaction
+//! is shorter than the transaction timeout, so that a slow broker shows as an abort, not as
+//! the broker's timeout fencing the producer. A lost producer (fenced, or an abort that could
+//! not complete): every task is dropped without applying anything, a new producer is made and
+//! the worker rejoins; three within five minutes fail it.
+
+mod callbacks;
+pub(crate) mod commit;
+pub(crate) mod core;
+pub(crate) mod failure;
+pub(crate) mod health;
+pub(crate) mod input;
+pub(crate) mod retries;
+pub(crate) mod slots;
+#[cfg(test)]
+mod tests;
+
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message, Timestamp};
+
+use crate::error::TaskError;
+use crate::ids::Record;
+use crate::restorer::{Done, Job};
+use crate::shared::AppShared;
+use crate::status::lock;
+
+use self::callbacks::WorkerContext;
+use self::core::Core;
+
+type WorkerConsumer = BaseConsumer<WorkerContext>;
+
+/// Runs worker `index` until the application shuts down or the worker fails.
+pub(crate) fn run(
+    index: usize,
+    app: Arc<AppShared>,
+    done: Receiver<Done>,
+    jobs: Sender<Job>,
+) -> Result<(), TaskError> {
+    let config = &app.config;
+    // Under exactly-once, before the consumer subscribes: creating the transactional producer
+    // fences this worker's previous incarnation and aborts its open transaction, which must not
+    // hold any restore of ours back.
+    let path = commit::for_config(config, index)?;
+    let state = Arc::new(Mutex::new(Core::new(index, app.clone(), path, jobs)));
+    let inputs = config.inputs.join(",");
+    let consumer_error = |operation, source| TaskError::Consumer {
+        worker: index,
+        operation,
+        inputs: inputs.clone(),
+        source,
+    };
+    let mut client = crate::app::consumer_config(config);
+    if let Some(id) = config.group_instance_id(index) {
+        client.set("group.instance.id", id);
+    }
+    let consumer: WorkerConsumer = client
+        .create_with_context(WorkerContext {
+            core: state.clone(),
+        })
+        .map_err(|source| consumer_error("create consumer", config.client.redact_error(source)))?;
+    let topics: Vec<&str> = config.inputs.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&topics)
+        .map_err(|source| consumer_error("subscribe", source))?;
+
+    let mut next_commit = Instant::now() + config.commit_interval;
+    // Records are polled back to back while there are any; the rest (finished restores, timers,
+    // the commit) is looked after at most every millisecond, or whenever the input is idle.
+    let mut wait = Duration::ZERO;
+    let mut next_chores = Instant::now();
+    while !app.stopping() {
+        if let Some(until) = lock(&state).backoff_until.take() {
+            // After an abort: a pause before starting over (bounded; the group session is kept
+            // by librdkafka's own thread).
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        }
+        let polled = consumer.poll(wait);
+        let mut core = lock(&state);
+        let idle = match polled {
+            Some(Ok(message)) => {
+                let record = Record {
+                    topic: message.topic(),
+                    partition: message.partition(),
+                    offset: message.offset(),
+                    timestamp: match message.timestamp() {
+                        Timestamp::NotAvailable => None,
+                        Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
+                    },
+                    key: message.key(),
+                    value: message.payload(),
+                };
+                core.record(&consumer, &record);
+                false
+            }
+            Some(Err(e)) => {
+                if let rdkafka::error::KafkaError::MessageConsumption(code) = &e
+                    && *code == rdkafka::types::RDKafkaErrorCode::Fatal
+                {
+                    core.health.fail(index, consumer_error("poll", e));
+                } else {
+                    tracing::warn!(worker = index, error = %e, "consumer error");
+                }
+                true
+            }
+            None => true,
+        };
+        wait = Duration::ZERO;
+        let now = Instant::now();
+        if !idle && now < next_chores && core.health.is_ok() {
+            continue;
+        }
+        next_chores = now + Duration::from_millis(1);
+        if core.health.is_ok() {
+            let finished: Vec<Done> = done.try_iter().collect();
+            if !finished.is_empty() {
+                core.restored(&consumer, finished);
+            }
+        }
+        if core.health.is_ok() {
+            core.fire_timers(&consumer);
+        }
+        // A store whose overlay is full under a transaction asks for an early commit.
+        if (now >= next_commit || core.commit_requested()) && core.health.is_ok() {
+            core.commit(&consumer);
+            next_commit = Instant::now() + config.commit_interval;
+        }
+        if idle {
+            // Nothing to read: sleep in the poll until the next commit, timer or restore check.
+            let mut wake = next_commit;
+            if let Some(t) = core.next_timer() {
+                wake = wake.min(t);
+            }
+            if core.restoring_any() {
+                wake = wake.min(now + Duration::from_millis(20));
+            }
+            wait = wake
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100));
+        }
+        if core.health.is_failed() {
+            break;
+        }
+        if !core.health.is_ok() {
+            // The producer was lost: rejoining gets a new assignment, whose tasks restore the
+            // committed tail of their stores.
+            core.replace_producer();
+            drop(core);
+            consumer.unsubscribe();
+            lock(&state).slots.clear();
+            consumer
+                .subscribe(&topics)
+                .map_err(|source| consumer_error("subscribe again after losing the producer", source))?;
+        }
+    }
+
+    // Shutting down (or failed): a final commit, the stores closed, then the group left.
+    let mut core = lock(&state);
+    core.end(&consumer);
+    let health = std::mem::replace(&mut core.health, health::Health::Ok);
+    drop(core);
+    // Leaving the group revokes nothing left: every task is ended.
+    consumer.unsubscribe();
+    drop(consumer);
+    match health.into_failure() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

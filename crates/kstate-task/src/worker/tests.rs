@@ -1,0 +1,648 @@
+//! The worker's transitions without a broker: a fake consumer that records what it is asked
+//! (and fails on request), the real at-least-once commit path (tasks without stores need no
+//! broker), and a scripted commit path for exactly-once's outcomes (committed, aborted, fenced).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kstate_core::BoxError;
+use kstate_kafka::{ProducerConfig, SharedProducer, TransactionError};
+use rdkafka::consumer::{CommitMode, ConsumerGroupMetadata};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::App;
+use crate::config::{AppConfig, ErrorPolicy, ProcessingGuarantee};
+use crate::error::TaskError;
+use crate::ids::{InputPartition, Record, TaskId};
+use crate::processor::{Context, Processor};
+use crate::restorer::{Done, Job};
+use crate::shared::AppShared;
+use crate::status::TaskState;
+use crate::task::Task;
+use crate::timers::{TimeKind, Timer};
+use crate::worker::commit::{self, CommitPath, Committed, Occasion};
+use crate::worker::core::Core;
+use crate::worker::health::Health;
+use crate::worker::input::Input;
+use crate::worker::slots::Slot;
+
+fn ip(topic: &str, partition: i32) -> InputPartition {
+    InputPartition::new(topic, partition)
+}
+
+/// A consumer that remembers what the worker asked of it.
+#[derive(Default)]
+struct FakeInput {
+    paused: RefCell<BTreeSet<InputPartition>>,
+    resumed: RefCell<Vec<InputPartition>>,
+    seeks: RefCell<Vec<(InputPartition, i64)>>,
+    /// What the group holds.
+    group: RefCell<BTreeMap<InputPartition, i64>>,
+    commits: RefCell<Vec<(Vec<(InputPartition, i64)>, CommitMode)>>,
+    committed_asked: Cell<usize>,
+    fail_committed: Cell<bool>,
+}
+
+impl FakeInput {
+    fn is_paused(&self, p: &InputPartition) -> bool {
+        self.paused.borrow().contains(p)
+    }
+}
+
+fn offsets_of(tpl: &TopicPartitionList) -> Vec<(InputPartition, i64)> {
+    tpl.elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((ip(e.topic(), e.partition()), o)),
+            _ => None,
+        })
+        .collect()
+}
+
+impl Input for FakeInput {
+    fn pause(&self, partitions: &[InputPartition]) -> Result<(), TaskError> {
+        self.paused.borrow_mut().extend(partitions.iter().cloned());
+        Ok(())
+    }
+
+    fn resume(&self, partitions: &[InputPartition]) -> Result<(), TaskError> {
+        for p in partitions {
+            self.paused.borrow_mut().remove(p);
+            self.resumed.borrow_mut().push(p.clone());
+        }
+        Ok(())
+    }
+
+    fn seek(&self, partition: &InputPartition, offset: i64, _: Duration) -> Result<(), TaskError> {
+        self.seeks.borrow_mut().push((partition.clone(), offset));
+        Ok(())
+    }
+
+    fn committed(
+        &self,
+        partitions: &[InputPartition],
+        _: Duration,
+    ) -> Result<BTreeMap<InputPartition, i64>, TaskError> {
+        self.committed_asked.set(self.committed_asked.get() + 1);
+        if self.fail_committed.get() {
+            return Err(TaskError::Input {
+                operation: "fetch the committed offsets",
+                topic: partitions[0].topic.clone(),
+                partition: partitions[0].partition,
+                source: KafkaError::MetadataFetch(RDKafkaErrorCode::RequestTimedOut),
+            });
+        }
+        let group = self.group.borrow();
+        Ok(partitions
+            .iter()
+            .filter_map(|p| group.get(p).map(|o| (p.clone(), *o)))
+            .collect())
+    }
+
+    fn watermarks(&self, _: &InputPartition, _: Duration) -> Result<(i64, i64), TaskError> {
+        Ok((0, 1_000))
+    }
+
+    fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()> {
+        let offsets = offsets_of(offsets);
+        if matches!(mode, CommitMode::Sync) {
+            self.group.borrow_mut().extend(offsets.iter().cloned());
+        }
+        self.commits.borrow_mut().push((offsets, mode));
+        Ok(())
+    }
+
+    fn group_metadata(&self) -> Option<ConsumerGroupMetadata> {
+        None
+    }
+}
+
+/// What a scripted exactly-once commit path did.
+#[derive(Default)]
+struct PathLog {
+    commits: usize,
+    aborts: Vec<String>,
+    renewals: usize,
+    /// Outcomes for the next commits (then: committed).
+    script: VecDeque<Result<Committed, TaskError>>,
+    abort_fails: bool,
+}
+
+/// A transactional commit path whose outcomes are scripted.
+struct ScriptedTransactions {
+    producer: SharedProducer,
+    log: Arc<Mutex<PathLog>>,
+}
+
+impl CommitPath for ScriptedTransactions {
+    fn producer(&self) -> &SharedProducer {
+        &self.producer
+    }
+
+    fn shared_fate(&self) -> bool {
+        true
+    }
+
+    fn commit(
+        &mut self,
+        tasks: &mut [&mut Task],
+        _: &dyn Input,
+        _: Occasion,
+    ) -> Result<Committed, TaskError> {
+        let mut log = self.log.lock().unwrap();
+        log.commits += 1;
+        let outcome = log.script.pop_front().unwrap_or(Ok(Committed::Done));
+        if matches!(outcome, Ok(Committed::Done)) {
+            let mut tpl = TopicPartitionList::new();
+            for task in tasks.iter() {
+                task.current_offsets(&mut tpl);
+            }
+            for task in tasks.iter_mut() {
+                task.offsets_committed(&tpl);
+            }
+        }
+        outcome
+    }
+
+    fn abandon(&mut self, why: &str) -> Result<(), TaskError> {
+        let mut log = self.log.lock().unwrap();
+        log.aborts.push(why.to_string());
+        if log.abort_fails {
+            return Err(fenced());
+        }
+        Ok(())
+    }
+
+    fn renew(&mut self, _: &AppConfig) -> Result<(), TaskError> {
+        self.log.lock().unwrap().renewals += 1;
+        Ok(())
+    }
+}
+
+fn fenced() -> TaskError {
+    TaskError::transaction(
+        0,
+        TransactionError::Fatal {
+            transactional_id: "t".into(),
+            operation: "commit",
+            message: "fenced by a newer producer".into(),
+            fenced: true,
+        },
+    )
+}
+
+/// Records what it is given per task; fails, panics or errs on request by key.
+#[derive(Default)]
+struct Seen {
+    records: Vec<(i32, String, i64)>,
+    inits: usize,
+    timers: usize,
+}
+
+struct Recorder(Arc<Mutex<Seen>>);
+
+impl Processor for Recorder {
+    fn init(&mut self, ctx: &mut Context<'_>) -> Result<(), BoxError> {
+        self.0.lock().unwrap().inits += 1;
+        ctx.schedule(TimeKind::WallClock, Duration::from_millis(1));
+        Ok(())
+    }
+
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        match record.key {
+            Some(b"panic") => panic!("a processor bug"),
+            Some(b"bad") => return Err("this record cannot be processed".into()),
+            _ => {}
+        }
+        self.0.lock().unwrap().records.push((
+            ctx.task().partition,
+            record.topic.to_string(),
+            record.offset,
+        ));
+        Ok(())
+    }
+
+    fn on_timer(&mut self, _: &mut Context<'_>, _: &Timer) -> Result<(), BoxError> {
+        self.0.lock().unwrap().timers += 1;
+        Ok(())
+    }
+}
+
+struct Harness {
+    core: Core,
+    input: FakeInput,
+    jobs: Receiver<Job>,
+    app: Arc<AppShared>,
+    seen: Arc<Mutex<Seen>>,
+    log: Arc<Mutex<PathLog>>,
+}
+
+fn harness(inputs: &[&str], guarantee: ProcessingGuarantee, policy: ErrorPolicy) -> Harness {
+    let mut builder = App::builder("app", "127.0.0.1:1");
+    for input in inputs {
+        builder.input(*input);
+    }
+    builder.error_policy(policy);
+    let config = builder.resolved().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let for_factory = seen.clone();
+    let app = Arc::new(AppShared::new(
+        config,
+        Arc::new(move |_| Box::new(Recorder(for_factory.clone()))),
+        4,
+    ));
+    let log = Arc::new(Mutex::new(PathLog::default()));
+    let path: Box<dyn CommitPath> = match guarantee {
+        ProcessingGuarantee::AtLeastOnce => commit::for_config(&app.config, 0).unwrap(),
+        ProcessingGuarantee::ExactlyOnce => Box::new(ScriptedTransactions {
+            producer: SharedProducer::with_config(&ProducerConfig::new("127.0.0.1:1")).unwrap(),
+            log: log.clone(),
+        }),
+    };
+    let (jobs, job_rx) = std::sync::mpsc::channel();
+    Harness {
+        core: Core::new(0, app.clone(), path, jobs),
+        input: FakeInput::default(),
+        jobs: job_rx,
+        app,
+        seen,
+        log,
+    }
+}
+
+fn record<'a>(topic: &'a str, partition: i32, offset: i64, key: &'a [u8]) -> Record<'a> {
+    Record {
+        topic,
+        partition,
+        offset,
+        timestamp: None,
+        key: Some(key),
+        value: None,
+    }
+}
+
+impl Harness {
+    /// Assigns `partitions`, then answers every restore job that came (no stores: done at once).
+    fn assign_and_restore(&mut self, partitions: &[InputPartition]) {
+        self.core.assigned(&self.input, partitions);
+        self.finish_restores();
+    }
+
+    fn finish_restores(&mut self) {
+        let done: Vec<Done> = self
+            .jobs
+            .try_iter()
+            .map(|job| Done {
+                id: job.id,
+                task: job.task,
+                result: Ok(Vec::new()),
+            })
+            .collect();
+        self.core.restored(&self.input, done);
+    }
+
+    fn states(&self) -> Vec<(i32, TaskState)> {
+        self.app
+            .registry
+            .statuses()
+            .iter()
+            .map(|s| (s.task.partition, s.state))
+            .collect()
+    }
+
+    fn running(&self, p: i32) -> bool {
+        matches!(self.core.slots.get(p), Some(Slot::Running(_)))
+    }
+}
+
+#[test]
+fn a_worker_holding_only_some_of_a_tasks_inputs_keeps_them_paused_and_starts_nothing() {
+    let mut h = harness(&["a", "b"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.core.assigned(&h.input, &[ip("a", 0), ip("b", 1)]);
+    assert!(h.jobs.try_recv().is_err(), "no restore for a task held in part");
+    assert!(h.input.is_paused(&ip("a", 0)) && h.input.is_paused(&ip("b", 1)));
+    assert!(h.states().is_empty(), "nothing registered: {:?}", h.states());
+    // A record of a partially held task is not processed (nothing commits its offset).
+    h.core.record(&h.input, &record("a", 0, 5, b"k"));
+    assert!(h.seen.lock().unwrap().records.is_empty());
+    // b-0 arrives: task 0 holds every input and restores; task 1 still waits.
+    h.core.assigned(&h.input, &[ip("b", 0)]);
+    assert_eq!(h.states(), vec![(0, TaskState::Restoring)]);
+    h.finish_restores();
+    assert_eq!(h.states(), vec![(0, TaskState::Running)]);
+    assert!(!h.input.is_paused(&ip("a", 0)) && !h.input.is_paused(&ip("b", 0)));
+    assert!(h.input.is_paused(&ip("b", 1)), "task 1 still held in part");
+    assert_eq!(h.core.health.is_ok(), true);
+}
+
+#[test]
+fn losing_one_input_of_a_running_task_commits_and_closes_it_and_pauses_its_other_input() {
+    let mut h = harness(&["a", "b"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0), ip("b", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"k"));
+    h.core.record(&h.input, &record("b", 0, 0, b"k"));
+    h.core.revoked(&h.input, &[ip("b", 0)], false);
+    assert!(h.states().is_empty(), "task 0 ended");
+    let commits = h.input.commits.borrow();
+    let (offsets, mode) = commits.last().expect("a commit");
+    assert!(matches!(mode, CommitMode::Sync));
+    assert!(offsets.contains(&(ip("a", 0), 1)) && offsets.contains(&(ip("b", 0), 1)));
+    assert!(h.input.is_paused(&ip("a", 0)), "a-0 is still ours but its task does not run");
+    assert!(matches!(h.core.slots.get(0), Some(Slot::Incomplete { held }) if held.len() == 1));
+    drop(commits);
+    // b-0 comes back: the task restores and runs again.
+    h.assign_and_restore(&[ip("b", 0)]);
+    assert!(h.running(0));
+}
+
+#[test]
+fn a_lost_assignment_drops_its_tasks_without_a_commit() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0), ip("a", 1)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"k"));
+    h.core.revoked(&h.input, &[ip("a", 0), ip("a", 1)], true);
+    assert!(h.input.commits.borrow().is_empty(), "nothing committed");
+    assert!(h.states().is_empty());
+    assert!(h.core.slots.is_empty());
+}
+
+#[test]
+fn a_failed_asynchronous_offset_commit_is_sent_again_and_a_hand_over_commits_every_offset() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.input.group.borrow_mut().insert(ip("a", 0), 50);
+    h.assign_and_restore(&[ip("a", 0)]);
+    for offset in 50..100 {
+        h.core.record(&h.input, &record("a", 0, offset, b"k"));
+    }
+    h.core.commit(&h.input);
+    let (sent, mode) = h.input.commits.borrow().last().cloned().unwrap();
+    assert_eq!(sent, vec![(ip("a", 0), 100)]);
+    assert!(matches!(mode, CommitMode::Async));
+    // The asynchronous commit fails (a rejoin raced it): the offset stays pending.
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("a", 0, Offset::Offset(100)).unwrap();
+    h.core
+        .offsets_committed(Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::RebalanceInProgress)), &tpl);
+    h.core.commit(&h.input);
+    let (again, _) = h.input.commits.borrow().last().cloned().unwrap();
+    assert_eq!(again, vec![(ip("a", 0), 100)], "sent again although no record moved it");
+    // A graceful hand-over commits the offset synchronously, moved or not.
+    h.core.revoked(&h.input, &[ip("a", 0)], false);
+    assert_eq!(h.input.group.borrow().get(&ip("a", 0)), Some(&100));
+}
+
+#[test]
+fn a_confirmed_offset_commit_is_not_sent_again() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"k"));
+    h.core.commit(&h.input);
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("a", 0, Offset::Offset(1)).unwrap();
+    h.core.offsets_committed(Ok(()), &tpl);
+    let before = h.input.commits.borrow().len();
+    h.core.commit(&h.input);
+    assert_eq!(h.input.commits.borrow().len(), before, "nothing pending, nothing sent");
+}
+
+#[test]
+fn exactly_once_an_aborted_commit_rewinds_every_task_to_its_committed_offsets() {
+    let mut h = harness(&["a", "b"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::Fail);
+    h.input.group.borrow_mut().insert(ip("a", 0), 10);
+    h.input.group.borrow_mut().insert(ip("b", 0), 20);
+    h.assign_and_restore(&[ip("a", 0), ip("b", 0)]);
+    h.core.record(&h.input, &record("a", 0, 10, b"k"));
+    h.core.record(&h.input, &record("b", 0, 20, b"k"));
+    h.log
+        .lock()
+        .unwrap()
+        .script
+        .push_back(Ok(Committed::Aborted("a broker blip".into())));
+    h.core.commit(&h.input);
+    let seeks: BTreeSet<_> = h.input.seeks.borrow().iter().cloned().collect();
+    assert_eq!(seeks, BTreeSet::from([(ip("a", 0), 10), (ip("b", 0), 20)]));
+    assert_eq!(h.seen.lock().unwrap().inits, 2, "a new processor after the abort");
+    assert!(h.core.backoff_until.is_some(), "a pause before starting over");
+    assert!(h.core.health.is_ok());
+    // The records come again and are processed again (their first effects were dropped).
+    h.core.record(&h.input, &record("a", 0, 10, b"k"));
+    assert_eq!(h.seen.lock().unwrap().records.len(), 3);
+}
+
+#[test]
+fn exactly_once_a_rewind_that_cannot_read_the_committed_offsets_fails_the_worker() {
+    let mut h = harness(&["a"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    h.input.fail_committed.set(true);
+    h.log
+        .lock()
+        .unwrap()
+        .script
+        .push_back(Ok(Committed::Aborted("blip".into())));
+    h.core.commit(&h.input);
+    assert!(h.core.health.is_failed(), "{:?}", h.core.health);
+}
+
+#[test]
+fn exactly_once_aborts_in_a_row_are_bounded() {
+    let mut h = harness(&["a"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    for _ in 0..crate::worker::retries::MAX_ABORTS {
+        h.log
+            .lock()
+            .unwrap()
+            .script
+            .push_back(Ok(Committed::Aborted("the broker does not answer".into())));
+        h.core.commit(&h.input);
+    }
+    let failure = std::mem::replace(&mut h.core.health, Health::Ok).into_failure();
+    assert!(
+        matches!(failure, Some(TaskError::RetriesExhausted { .. })),
+        "{failure:?}"
+    );
+}
+
+#[test]
+fn exactly_once_a_fenced_producer_drops_every_task_and_is_replaced_once() {
+    let mut h = harness(&["a"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0), ip("a", 1)]);
+    h.log.lock().unwrap().script.push_back(Err(fenced()));
+    h.core.commit(&h.input);
+    assert!(matches!(h.core.health, Health::ProducerLost(_)));
+    // Reported again in the same round (a timer's write, the revocation): one event.
+    h.core.commit(&h.input);
+    h.core.replace_producer();
+    assert!(h.core.health.is_ok());
+    assert_eq!(h.log.lock().unwrap().renewals, 1);
+    assert!(h.states().is_empty(), "every task dropped");
+    assert!(!h.running(0) && !h.running(1));
+}
+
+#[test]
+fn exactly_once_a_panicking_processor_fails_the_worker_and_nothing_is_committed() {
+    let mut h = harness(&["a"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::LogAndContinue);
+    h.assign_and_restore(&[ip("a", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"panic"));
+    assert!(h.core.health.is_failed());
+    let commits_before = h.log.lock().unwrap().commits;
+    h.core.end(&h.input);
+    let log = h.log.lock().unwrap();
+    assert_eq!(log.commits, commits_before, "the shutdown does not commit");
+    assert_eq!(log.aborts.len(), 1, "it aborts");
+    drop(log);
+    match std::mem::replace(&mut h.core.health, Health::Ok).into_failure() {
+        Some(TaskError::Panicked { task, step, .. }) => {
+            assert_eq!(task, TaskId { partition: 0 });
+            assert!(step.to_string().contains("a/0@0"), "{step}");
+        }
+        other => panic!("expected Panicked, got {other:?}"),
+    }
+}
+
+#[test]
+fn at_least_once_log_and_continue_skips_a_failing_record_and_commits_past_it() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::LogAndContinue);
+    h.assign_and_restore(&[ip("a", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"bad"));
+    h.core.record(&h.input, &record("a", 0, 1, b"k"));
+    assert!(h.core.health.is_ok());
+    h.core.commit(&h.input);
+    let (sent, _) = h.input.commits.borrow().last().cloned().unwrap();
+    assert_eq!(sent, vec![(ip("a", 0), 2)]);
+    assert_eq!(h.seen.lock().unwrap().records, vec![(0, "a".into(), 1)]);
+}
+
+#[test]
+fn the_default_error_policy_fails_on_a_failing_record() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"bad"));
+    assert!(h.core.health.is_failed());
+}
+
+#[test]
+fn exactly_once_a_dead_lettered_record_is_undone_first_then_skipped_when_it_comes_again() {
+    let mut h = harness(
+        &["a"],
+        ProcessingGuarantee::ExactlyOnce,
+        ErrorPolicy::DeadLetter("dlq".into()),
+    );
+    h.input.group.borrow_mut().insert(ip("a", 0), 0);
+    h.assign_and_restore(&[ip("a", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"k"));
+    h.core.record(&h.input, &record("a", 0, 1, b"bad"));
+    assert_eq!(h.log.lock().unwrap().aborts.len(), 1, "the transaction aborted");
+    assert_eq!(h.input.seeks.borrow().as_slice(), &[(ip("a", 0), 0)]);
+    // The input comes again from the committed offset: offset 0 is processed again, offset 1
+    // goes to the dead-letter topic without the processor.
+    h.core.record(&h.input, &record("a", 0, 0, b"k"));
+    h.core.record(&h.input, &record("a", 0, 1, b"bad"));
+    h.core.record(&h.input, &record("a", 0, 2, b"k"));
+    assert!(h.core.health.is_ok(), "{:?}", h.core.health);
+    assert_eq!(h.log.lock().unwrap().aborts.len(), 1, "no second abort");
+    let offsets: Vec<i64> = h.seen.lock().unwrap().records.iter().map(|r| r.2).collect();
+    assert_eq!(offsets, vec![0, 0, 2]);
+    assert_eq!(h.core.commit_requested(), false);
+    assert_eq!(h.core.slots.task_mut(0).map(|t| {
+        let mut tpl = TopicPartitionList::new();
+        t.pending_offsets(&mut tpl);
+        offsets_of(&tpl)
+    }), Some(vec![(ip("a", 0), 3)]));
+}
+
+#[test]
+fn a_store_that_disagrees_with_its_changelog_restores_its_task_again_a_bounded_number_of_times() {
+    let mut h = harness(&["a"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    let corrupted = || TaskError::Store {
+        task: TaskId { partition: 0 },
+        store: "counts".into(),
+        source: kstate_core::Error::Poisoned {
+            store: "counts".into(),
+            reason: kstate_core::PoisonReason::ForeignWrite {
+                expected_offset: 10,
+                actual_offset: 14,
+            },
+        },
+    };
+    let rec = record("a", 0, 0, b"k");
+    for round in 1..=3 {
+        h.core.task_failed(&h.input, Some(&rec), corrupted());
+        assert!(h.core.health.is_ok(), "round {round}");
+        assert!(h.input.is_paused(&ip("a", 0)));
+        assert_eq!(h.states(), vec![(0, TaskState::Restoring)], "round {round}");
+        h.finish_restores();
+        assert!(h.running(0));
+    }
+    h.core.task_failed(&h.input, Some(&rec), corrupted());
+    let failure = std::mem::replace(&mut h.core.health, Health::Ok).into_failure();
+    assert!(matches!(failure, Some(TaskError::Corrupted { restores: 3, .. })), "{failure:?}");
+}
+
+#[test]
+fn a_revocation_during_a_restore_cancels_it_and_its_late_result_is_ignored() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.core.assigned(&h.input, &[ip("a", 0)]);
+    let job = h.jobs.try_recv().unwrap();
+    h.core.revoked(&h.input, &[ip("a", 0)], false);
+    assert!(job.cancel.is_cancelled());
+    assert!(h.states().is_empty());
+    h.core.restored(
+        &h.input,
+        vec![Done {
+            id: job.id,
+            task: job.task,
+            result: Ok(Vec::new()),
+        }],
+    );
+    assert!(!h.running(0), "a cancelled restore does not start its task");
+}
+
+#[test]
+fn records_handed_over_during_a_restore_run_when_the_task_starts() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.core.assigned(&h.input, &[ip("a", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"k"));
+    assert!(h.seen.lock().unwrap().records.is_empty());
+    h.finish_restores();
+    assert_eq!(h.seen.lock().unwrap().records, vec![(0, "a".into(), 0)]);
+    assert_eq!(h.input.committed_asked.get(), 1, "one request for the committed offsets");
+}
+
+#[test]
+fn wall_clock_timers_fire_on_running_tasks() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0), ip("a", 1)]);
+    std::thread::sleep(Duration::from_millis(5));
+    h.core.fire_timers(&h.input);
+    assert_eq!(h.seen.lock().unwrap().timers, 2);
+}
+
+#[test]
+fn a_rebalance_error_drops_every_task_as_lost() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0), ip("a", 1)]);
+    h.core.rebalance_error(&h.input, &"assignment error");
+    assert!(h.states().is_empty());
+    assert!(h.input.commits.borrow().is_empty());
+}
+
+#[test]
+fn another_workers_removal_never_removes_this_workers_task_from_the_registry() {
+    let h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    let registry = &h.app.registry;
+    registry.restoring(1, 3, Arc::new(crate::status::Progress::new()));
+    registry.running(1, 3, Arc::default(), Vec::new());
+    // Worker 0 lost task 3 late, after worker 1 of this process took it.
+    registry.remove(0, 3);
+    let statuses = registry.statuses();
+    assert_eq!(statuses.len(), 1);
+    assert_eq!((statuses[0].worker, statuses[0].state), (1, TaskState::Running));
+}
