@@ -1,6 +1,8 @@
 //! count_by_key: the canonical stream task. Reads records (key bytes, any value) from `--input`,
 //! keeps the count per key in a store named `counts`, and for every input record sends
-//! `(key, count as decimal ASCII)` to `--output`, same partition.
+//! `(key, count as decimal ASCII)` to `--output`, same partition. `--input` may be given several
+//! times (co-partitioned topics): a key's count then covers every input, the merge a join
+//! starts from, and task *p* runs where partition *p* of every input is.
 //!
 //! ```text
 //! cargo run --release --example count_by_key -- --application-id counter \
@@ -43,7 +45,7 @@ struct Args {
     /// The cluster and every client's properties (TLS and SASL settings among them).
     client: ClientProperties,
     application_id: String,
-    input: String,
+    inputs: Vec<String>,
     output: String,
     state_dir: PathBuf,
     threads: usize,
@@ -54,7 +56,7 @@ struct Args {
     instance_id: Option<String>,
 }
 
-const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC --output TOPIC \
+const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC [--input TOPIC]... --output TOPIC \
     [--bootstrap-servers HOST:PORT] [--client-properties FILE] [--state-dir PATH] [--threads N] [--commit-interval-ms N] \
     [--guarantee at-least-once|exactly-once] [--instance-id NAME] [--coalesce] \
     [--consumer-property KEY=VALUE]...";
@@ -62,7 +64,7 @@ const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC --out
 fn parse_args() -> Result<Args> {
     let mut bootstrap_servers = None;
     let mut client_properties = None;
-    let (mut application_id, mut input, mut output) = (None, None, None);
+    let (mut application_id, mut inputs, mut output) = (None, Vec::new(), None);
     let mut state_dir = None;
     let mut threads = 1;
     let mut commit_interval = Duration::from_millis(100);
@@ -83,7 +85,7 @@ fn parse_args() -> Result<Args> {
             "--bootstrap-servers" => bootstrap_servers = Some(value),
             "--client-properties" => client_properties = Some(PathBuf::from(value)),
             "--application-id" => application_id = Some(value),
-            "--input" => input = Some(value),
+            "--input" => inputs.push(value),
             "--output" => output = Some(value),
             "--state-dir" => state_dir = Some(PathBuf::from(value)),
             "--consumer-property" => {
@@ -114,7 +116,11 @@ fn parse_args() -> Result<Args> {
         client,
         state_dir: state_dir.unwrap_or_else(|| std::env::temp_dir().join("kstate-count-by-key")),
         application_id,
-        input: input.with_context(|| format!("--input is required; {USAGE}"))?,
+        inputs: if inputs.is_empty() {
+            bail!("--input is required; {USAGE}")
+        } else {
+            inputs
+        },
         output: output.with_context(|| format!("--output is required; {USAGE}"))?,
         threads,
         commit_interval,
@@ -162,8 +168,10 @@ async fn run(args: Args) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
 
     let mut builder = App::builder(args.application_id.clone(), args.client.clone());
+    for input in &args.inputs {
+        builder.input(input.clone());
+    }
     builder
-        .input(args.input.clone())
         .state_dir(args.state_dir.clone())
         .threads(args.threads)
         .commit_interval(args.commit_interval)

@@ -51,7 +51,7 @@ fn start(
     threads: usize,
     coalesce: bool,
 ) -> anyhow::Result<(Running, StoreHandle<Vec<u8>, u64>)> {
-    start_with(s, state_dir, threads, coalesce, GroupProtocol::default())
+    start_with(s, state_dir, threads, coalesce, None)
 }
 
 fn start_with(
@@ -59,11 +59,13 @@ fn start_with(
     state_dir: &std::path::Path,
     threads: usize,
     coalesce: bool,
-    protocol: GroupProtocol,
+    protocol: Option<GroupProtocol>,
 ) -> anyhow::Result<(Running, StoreHandle<Vec<u8>, u64>)> {
     let mut builder = App::builder(s.app_id.clone(), s.servers.clone());
+    if let Some(protocol) = protocol {
+        builder.group_protocol(protocol);
+    }
     builder
-        .group_protocol(protocol)
         .input(s.input.clone())
         .state_dir(state_dir)
         .threads(threads)
@@ -208,7 +210,7 @@ async fn the_kip_848_consumer_protocol_and_the_eager_one_count_correctly() -> an
         let dir = tempfile::tempdir()?;
         let records = input(600, 30, s.partitions);
         produce(&s.servers, &s.input, &records)?;
-        let (running, _) = start_with(&s, dir.path(), 2, false, protocol)?;
+        let (running, _) = start_with(&s, dir.path(), 2, false, Some(protocol))?;
         wait_for("every output", WAIT, || {
             Ok(read_topic(&s.servers, &s.output, s.partitions)?.len() >= records.len())
         })?;

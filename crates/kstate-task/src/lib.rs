@@ -2,9 +2,14 @@
 //! its own restored stores, committed together; more processes with the same application id
 //! share the partitions (the distributed engine is Kafka's consumer group).
 //!
-//! - Task *p* is partition *p* of every input topic (co-partitioned; checked at start). Its store
-//!   `s` lives in `<state-dir>/<app-id>/<p>/<s>`, logged to `<app-id>-<s>-changelog` partition
-//!   *p*.
+//! - Task *p* is partition *p* of every input topic (co-partitioned; checked at start), and runs
+//!   only on a worker that holds all of them, one worker at a time: with several inputs the
+//!   group protocol must co-partition ([`GroupProtocol`]; `build()` refuses one that does not).
+//!   Its store `s` lives in `<state-dir>/<app-id>/<p>/<s>`, logged to `<app-id>-<s>-changelog`
+//!   partition *p*.
+//! - A record that cannot be processed goes to the application's [`ErrorPolicy`]; a panic fails
+//!   the application with [`TaskError::Panicked`], and nothing of the record is committed under
+//!   exactly-once.
 //! - `threads` workers, each one group member with one producer shared by all its tasks' stores
 //!   and outputs, and a restorer thread: new partitions are paused and restored while the worker
 //!   keeps processing its other tasks (the `worker` module's docs say how rebalances are

@@ -177,3 +177,28 @@ fn restore_job(
         .map(|()| restored)
         .map_err(|source| TaskError::restore(job.task, source))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kstate_rocksdb::RocksDbStore;
+
+    /// Only RocksDB's own "already open" is waited out: an error that merely mentions a lock
+    /// (an application id `CLOCK`, a path through `/srv/BLOCKS`) is reported at once, not
+    /// retried for a minute.
+    #[test]
+    fn only_a_held_directory_is_waited_for_not_an_error_that_mentions_a_lock() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("CLOCK");
+        let _held = RocksDbStore::open(&path, &RocksDbOptions::default()).expect("opens");
+        let again = RocksDbStore::open(&path, &RocksDbOptions::default())
+            .err()
+            .expect("the directory is held");
+        assert!(directory_held(&ChangelogError::Open(again)));
+        let mentions_lock = ChangelogError::InvalidConfig {
+            topic: "CLOCK-counts-changelog".into(),
+            message: "LOCK appears in this text".into(),
+        };
+        assert!(!directory_held(&mentions_lock));
+    }
+}
