@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 #![allow(dead_code)]
 
+pub mod failures;
 pub mod streams;
 
 use std::sync::Mutex;
