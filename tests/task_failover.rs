@@ -32,7 +32,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use common::streams::{last_counts, produce, read_topic, wait_for};
+use common::streams::{
+    check_exact_sequences, env_number, last_counts, produce, read_topic, wait_for,
+};
 use kstate::kstate_kafka::ChangelogPosition;
 use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 use kstate_test_broker::unique_topic;
@@ -192,10 +194,6 @@ struct Chaos {
     stopped_gracefully: Option<std::process::ExitStatus>,
     final_exits: Vec<(usize, std::process::ExitStatus)>,
     _dir: tempfile::TempDir,
-}
-
-fn env_number(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|s| s.parse().ok())
 }
 
 /// Writes keyed records (key k always in partition k % 12) until `stop` is set; returns how many
@@ -447,43 +445,15 @@ async fn copies_killed_at_random_lose_no_input_and_replay_only_the_tail() -> any
     check_exits_and_restores(&chaos)
 }
 
-/// Every key's counts in the output, in order, must be exactly `1..=n` with `n` its true count.
-fn check_exact_sequences(
-    servers: &str,
-    output: &str,
-    truth: &BTreeMap<Vec<u8>, u64>,
-) -> anyhow::Result<()> {
-    let mut out = read_topic(servers, output, PARTITIONS)?;
-    out.sort_by_key(|r| (r.0, r.1));
-    let mut seen: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    for (partition, offset, key, value) in &out {
-        let value = value.as_deref().unwrap_or_default();
-        let count: u64 = std::str::from_utf8(value)?.parse()?;
-        let last = seen.entry(key.clone()).or_insert(0);
-        anyhow::ensure!(
-            count == *last + 1,
-            "key {}: count {count} at {output}/{partition}@{offset} follows {last}: a {}",
-            String::from_utf8_lossy(key),
-            if count <= *last { "duplicate" } else { "gap" }
-        );
-        *last = count;
-    }
-    anyhow::ensure!(
-        &seen == truth,
-        "final counts differ from the true counts ({} keys counted, {} written)",
-        seen.len(),
-        truth.len()
-    );
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn exactly_once_counts_every_record_once_through_random_kills() -> anyhow::Result<()> {
     let kills = env_number("KSTATE_EOS_KILLS").unwrap_or(10) as usize;
     let seconds = env_number("KSTATE_FAILOVER_SECONDS").unwrap_or(25);
     let chaos = chaos("eos", "exactly-once", seconds, kills).await?;
     assert!(chaos.kills >= kills, "only {} kills", chaos.kills);
-    if let Err(e) = check_exact_sequences(&chaos.servers, &chaos.run.output, &chaos.truth) {
+    if let Err(e) =
+        check_exact_sequences(&chaos.servers, &chaos.run.output, PARTITIONS, &chaos.truth)
+    {
         panic!("{e}\n{}", logs(&chaos.copies));
     }
     check_exits_and_restores(&chaos)
@@ -633,7 +603,7 @@ async fn a_paused_copy_that_lost_its_partitions_makes_nothing_visible() -> anyho
         logs(&copies)
     );
 
-    if let Err(e) = check_exact_sequences(&servers, &run.output, &truth) {
+    if let Err(e) = check_exact_sequences(&servers, &run.output, PARTITIONS, &truth) {
         panic!("{e}\n{}", logs(&copies));
     }
     // Every store the zombie left holds exactly its committed changelog up to its stored

@@ -1,9 +1,11 @@
 //! Helpers shared by the integration tests: the broker, changelog configs, a counting restore
-//! listener.
+//! listener; `streams` for the task-runtime tests, `child` for tests that run copies of an
+//! application as child processes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 #![allow(dead_code)]
 
+pub mod child;
 pub mod failures;
 pub mod streams;
 

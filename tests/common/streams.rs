@@ -149,3 +149,56 @@ pub fn last_counts(records: &[ReadRecord]) -> BTreeMap<Vec<u8>, u64> {
     }
     last
 }
+
+/// Every key's counts in `output` (`partitions` partitions, read with `read_committed`), in
+/// offset order, must be exactly `1, 2, ..., n` with `n` its true count in `truth`: no
+/// duplicate, no gap, no key missing or extra.
+pub fn check_exact_sequences(
+    servers: &str,
+    output: &str,
+    partitions: i32,
+    truth: &BTreeMap<Vec<u8>, u64>,
+) -> anyhow::Result<()> {
+    let mut out = read_topic(servers, output, partitions)?;
+    out.sort_by_key(|r| (r.0, r.1));
+    let mut seen: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for (partition, offset, key, value) in &out {
+        let value = value.as_deref().unwrap_or_default();
+        let count: u64 = std::str::from_utf8(value)?.parse()?;
+        let last = seen.entry(key.clone()).or_insert(0);
+        anyhow::ensure!(
+            count == *last + 1,
+            "key {}: count {count} at {output}/{partition}@{offset} follows {last}: a {}",
+            String::from_utf8_lossy(key),
+            if count <= *last { "duplicate" } else { "gap" }
+        );
+        *last = count;
+    }
+    if &seen != truth {
+        let differ: Vec<_> = truth
+            .keys()
+            .chain(seen.keys())
+            .filter(|k| truth.get(*k) != seen.get(*k))
+            .take(10)
+            .map(|k| {
+                (
+                    String::from_utf8_lossy(k).to_string(),
+                    truth.get(k).copied(),
+                    seen.get(k).copied(),
+                )
+            })
+            .collect();
+        anyhow::bail!(
+            "final counts in {output} differ from the true counts ({} keys counted, {} written); \
+             (key, true, counted): {differ:?}",
+            seen.len(),
+            truth.len()
+        );
+    }
+    Ok(())
+}
+
+/// The environment variable `name` as a number, if it is set and parses.
+pub fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
+}
