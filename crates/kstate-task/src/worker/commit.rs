@@ -2,9 +2,12 @@
 //! worker calls it without asking which guarantee it runs under.
 //!
 //! - [`AtLeastOnce`]: per task, outputs acknowledged, then stores committed, then input
-//!   offsets. Periodic commits send only the offsets the group does not have yet, asynchronously
-//!   (a failure leaves them pending, and the next commit sends them again); a revocation or a
-//!   shutdown commits every ending task's offsets synchronously, moved or not.
+//!   offsets. Periodic commits send only the offsets the group does not have yet (a failure
+//!   leaves them pending, and the next commit sends them again); a revocation or a shutdown
+//!   commits every ending task's offsets, moved or not. Every offset commit is asynchronous: a
+//!   synchronous one has no time limit of librdkafka's (against a stalled coordinator it waits
+//!   for ever), while librdkafka finishes a rebalance only after its outstanding commits, and
+//!   the worker's shutdown waits for the last one's answer up to the revocation timeout.
 //! - [`Transactional`]: one transaction carries every task's changelog records, outputs and
 //!   input offsets (EOS v2). Every commit carries at least one offset: `TxnOffsetCommit` is
 //!   where the broker checks the group generation, so a member that lost its partitions while
@@ -117,17 +120,8 @@ impl CommitPath for AtLeastOnce {
             };
         }
         if offsets.count() > 0 {
-            let (mode, sync) = match occasion {
-                Occasion::Periodic => (CommitMode::Async, false),
-                Occasion::Ending => (CommitMode::Sync, true),
-            };
-            match input.commit(&offsets, mode) {
-                // An asynchronous commit is confirmed by the commit callback.
-                Ok(()) if sync => {
-                    for task in tasks.iter_mut() {
-                        task.offsets_committed(&offsets);
-                    }
-                }
+            match input.commit(&offsets, CommitMode::Async) {
+                // Confirmed by the commit callback.
                 Ok(()) => {}
                 // Not fatal: the stores are committed, and the offsets stay pending.
                 Err(e) => tracing::warn!(worker = self.worker, error = %e, ?occasion, "input offset commit failed; the offsets stay pending"),

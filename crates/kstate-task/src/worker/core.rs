@@ -64,6 +64,8 @@ pub(crate) struct Core {
     restores: BTreeMap<i32, u32>,
     /// After an abort: nothing is processed before this.
     pub(crate) backoff_until: Option<Instant>,
+    /// At-least-once: the last offset commit of ending tasks has not been answered yet.
+    pub(crate) awaiting_commit: bool,
 }
 
 impl Core {
@@ -86,6 +88,7 @@ impl Core {
             failed_record: None,
             restores: BTreeMap::new(),
             backoff_until: None,
+            awaiting_commit: false,
         }
     }
 
@@ -234,6 +237,7 @@ impl Core {
         match path.commit(&mut tasks, input, Occasion::Ending) {
             Ok(Committed::Done) => {
                 self.retries.committed();
+                self.awaiting_commit = !shared;
                 (true, false)
             }
             Ok(Committed::Aborted(why)) => {
@@ -505,6 +509,7 @@ impl Core {
     /// The result of an asynchronous offset commit: on success the tasks know the group holds
     /// their offsets; on failure the offsets stay pending and the next commit sends them again.
     pub(crate) fn offsets_committed(&mut self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        self.awaiting_commit = false;
         match result {
             Ok(()) => {
                 for task in self.slots.running() {

@@ -198,6 +198,20 @@ pub(crate) fn run(
     // Shutting down (or failed): a final commit, the stores closed, then the group left.
     let mut core = lock(&state);
     core.end(&consumer);
+    // The ending tasks' offsets are committed asynchronously: their answer is waited for (in
+    // the poll that serves it) up to the revocation timeout; records polled meanwhile belong to
+    // no running task and are left to the next owner.
+    let deadline = Instant::now() + config.revocation_timeout;
+    while core.awaiting_commit && Instant::now() < deadline {
+        drop(core);
+        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(50)) {
+            tracing::debug!(worker = index, offset = message.offset(), "record after the last commit, left to the next owner");
+        }
+        core = lock(&state);
+    }
+    if core.awaiting_commit {
+        tracing::warn!(worker = index, "the last offset commit was not answered within the revocation timeout; the next owner may replay some records");
+    }
     let health = std::mem::replace(&mut core.health, health::Health::Ok);
     drop(core);
     // Leaving the group revokes nothing left: every task is ended.

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# benches/e2e-ab.sh OLD_E2E NEW_E2E: two builds of kstate's end-to-end count-by-key (the
+# `examples/e2e.rs kstate` binary of two commits) on the same input, alternated run by run, so
+# that a change is judged against the machine's noise of the same hour, not against a number
+# from another day.
+#
+# One input of E2E_ROWS keyed records (E2E_PARTITIONS partitions, 10,000 keys) is written once;
+# then ROUNDS rounds, each running OLD then NEW (NEW then OLD on even rounds), at-least-once and
+# exactly-once (caching off), each into a fresh LogAppendTime output topic measured by NEW's
+# `e2e measure` (the rate between the first and the last output's broker append time). Prints a
+# line per run and, per guarantee, the median rates and their ratio:
+#   ab alos old=<r>/s new=<r>/s new/old=<ratio> (runs: ...)
+#   ab eos  old=<r>/s new=<r>/s new/old=<ratio> (runs: ...)
+# Topics are deleted at the end. KAFKA_BOOTSTRAP_SERVERS names the broker (default: scripts/kafka
+# start). Environment: E2E_ROWS (default 1000000), E2E_PARTITIONS (4), ROUNDS (3),
+# GUARANTEES ("at-least-once exactly-once").
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+old=${1:?usage: e2e-ab.sh OLD_E2E NEW_E2E}
+new=${2:?usage: e2e-ab.sh OLD_E2E NEW_E2E}
+rows=${E2E_ROWS:-1000000}
+partitions=${E2E_PARTITIONS:-4}
+rounds=${ROUNDS:-3}
+read -r -a guarantees <<<"${GUARANTEES:-at-least-once exactly-once}"
+bootstrap=${KAFKA_BOOTSTRAP_SERVERS:-$("$here/../scripts/kafka" start | tail -n 1)}
+export KAFKA_BOOTSTRAP_SERVERS=$bootstrap
+run_id=ab-$(date +%s)-$$
+input=$run_id-in
+topics=("$input")
+log() { printf 'e2e-ab: %s\n' "$*" >&2; }
+cleanup() {
+    local IFS=,
+    "$new" delete-topics --topics "${topics[*]}" >/dev/null 2>&1 || log "could not delete ${topics[*]}"
+}
+trap cleanup EXIT
+
+log "$rows records into $input ($partitions partitions) on $bootstrap"
+"$new" setup --input "$input" --partitions "$partitions" --rows "$rows" >&2
+declare -A rates
+n=0
+for round in $(seq 1 "$rounds"); do
+    order=(old new)
+    ((round % 2 == 0)) && order=(new old)
+    for guarantee in "${guarantees[@]}"; do
+        for which in "${order[@]}"; do
+            n=$((n + 1))
+            bin=$old
+            [[ $which == new ]] && bin=$new
+            name=$run_id-$n
+            out=$name-out
+            topics+=("$out" "$name-counts-changelog")
+            "$new" output --topic "$out" --partitions "$partitions" >&2
+            "$bin" kstate --input "$input" --output "$out" --rows "$rows" \
+                --application-id "$name" --guarantee "$guarantee" >&2
+            rate=$("$new" measure --output "$out" --partitions "$partitions" --rows "$rows" \
+                --expect records | sed -n 's/^e2e output=.* records_per_sec=\([0-9]*\)$/\1/p')
+            [[ -n $rate ]] || { log "no rate from the measure of $out"; exit 1; }
+            echo "ab-run round=$round guarantee=$guarantee binary=$which records_per_sec=$rate"
+            rates[$guarantee/$which]+="$rate "
+        done
+    done
+done
+median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+for guarantee in "${guarantees[@]}"; do
+    o=$(median <<<"${rates[$guarantee/old]}")
+    w=$(median <<<"${rates[$guarantee/new]}")
+    short=alos
+    [[ $guarantee == exactly-once ]] && short=eos
+    echo "ab $short old=$o/s new=$w/s new/old=$(awk -v a="$w" -v b="$o" 'BEGIN {printf "%.3f", a / b}') (runs: old ${rates[$guarantee/old]}/ new ${rates[$guarantee/new]})"
+done
