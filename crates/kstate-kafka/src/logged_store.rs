@@ -313,7 +313,8 @@ impl LoggedStore {
         Ok(mode)
     }
 
-    /// The changelog position RocksDB's contents correspond to (the last committed record).
+    /// The changelog position RocksDB's contents correspond to: the last committed record, or
+    /// under a transaction the commit marker after it.
     pub fn committed_position(&self) -> Result<Option<ChangelogPosition>, ChangelogError> {
         ChangelogPosition::read(&self.shared.store)
     }
@@ -541,10 +542,10 @@ impl Shared {
         Ok(())
     }
 
-    /// Writes the frozen overlay and `offset` (its last record's) to RocksDB in one batch, then
-    /// drops the frozen layer. A failure poisons: the entries are in the changelog but not in
-    /// RocksDB, and going on would let a later commit store an offset past them (reopening
-    /// restores them).
+    /// Writes the frozen overlay and `offset` (its last record's, or under a transaction the
+    /// commit marker's after it) to RocksDB in one batch, then drops the frozen layer. A failure
+    /// poisons: the entries are in the changelog but not in RocksDB, and going on would let a
+    /// later commit store an offset past them (reopening restores them).
     fn apply_frozen(&self, frozen: &Map, offset: i64, written_at: SystemTime) -> Result<()> {
         let position = ChangelogPosition {
             topic: self.config.topic.clone(),
@@ -681,7 +682,10 @@ impl TransactionMember for Shared {
             state.frozen = Some(frozen.clone());
             frozen
         };
-        self.apply_frozen(&frozen, offset, SystemTime::now())
+        // The position is the commit marker, right after the transaction's last record (see
+        // the transaction module): an idle store then has nothing after its position, and a
+        // restore never takes it for a stale one.
+        self.apply_frozen(&frozen, offset + 1, SystemTime::now())
     }
 
     fn abort_starting(&self) {
