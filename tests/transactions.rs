@@ -1,7 +1,8 @@
 //! Stores under a transactional producer (exactly-once), against a real broker:
 //! - a commit applies the overlay with its last offset, an abort drops it, and the offset
 //!   bookkeeping follows the transaction markers;
-//! - a producer fenced by a newer one with the same transactional id applies nothing;
+//! - a producer fenced by a newer one with the same transactional id applies nothing, and an
+//!   abort it cannot complete poisons its stores;
 //! - an idle store is never rebuilt for its idleness: after a commit only a marker follows its
 //!   stored position;
 //! - a `Batch` is atomic through SIGKILL: after any kill the restored store holds every batch
@@ -220,6 +221,44 @@ fn a_fenced_producer_applies_nothing() -> Result<()> {
     ensure!(
         folded.len() == 1 && folded.get(&b"k"[..]).map(Vec::as_slice) == Some(&b"1"[..]),
         "read_committed sees {folded:?}"
+    );
+    Ok(())
+}
+
+/// An abort that fails for good (the producer was fenced) poisons the stores: they must not go
+/// on serving the writes of the transaction that was to be aborted.
+#[test]
+fn a_failed_abort_poisons_the_stores() -> Result<()> {
+    let topic = kstate_test_broker::unique_topic("txn-failed-abort");
+    let dir = tempfile::tempdir()?;
+    let config = common::changelog(&topic)?;
+    let id = format!("{topic}-w");
+    let zombie = SharedProducer::transactional(&config, &id, TRANSACTION_TIMEOUT)?;
+    let store = attach(
+        &dir.path().join("zombie"),
+        &topic,
+        &zombie,
+        &OpenHooks::default(),
+    )?;
+    store.put(b"k", b"1")?;
+    zombie.commit_transaction(None, TIMEOUT)?;
+    store.put(b"k", b"2")?;
+    common::streams::wait_for("the record to be acknowledged", TIMEOUT, || {
+        Ok(store.unacknowledged() == 0)
+    })?;
+
+    let _successor = SharedProducer::transactional(&config, &id, TRANSACTION_TIMEOUT)?;
+    let aborted = zombie.abort_transaction("test", TIMEOUT);
+    ensure!(
+        matches!(aborted, Err(TransactionError::Fatal { .. })),
+        "the fenced producer's abort returned {aborted:?}"
+    );
+    let got = store
+        .get(b"k")
+        .map(|v| v.map(|v| String::from_utf8_lossy(&v).into_owned()));
+    ensure!(
+        matches!(got, Err(Error::Poisoned { .. })),
+        "after a failed abort the store serves {got:?}"
     );
     Ok(())
 }
