@@ -1,6 +1,6 @@
 //! Restore at the changelog's awkward edges: an empty topic, transaction markers and an aborted
 //! transaction, records deleted below the stored offset, a topic deleted and recreated, open
-//! transactions, large values.
+//! transactions, large values, and what a killed wipe or bulk load left behind.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
@@ -421,5 +421,89 @@ fn restore_batches_are_bounded_in_bytes() -> Result<()> {
         assert_eq!(common::contents(&store)?.len(), 41);
         store.close()?;
     }
+    Ok(())
+}
+
+/// A pid no process can have: the kernel allocates pids below `pid_max`.
+fn pid_of_no_process() -> Result<u32> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/pid_max")?
+        .trim()
+        .parse()?)
+}
+
+/// What a kill leaves of a wipe (the store's copy renamed aside, its deletion cut short) and of
+/// a bulk load (an SST file written, not yet ingested) is deleted on the store's next open,
+/// and nothing else is touched: not another store's copy, not a copy whose wiping process
+/// still runs, not a directory that only looks like a copy.
+#[test]
+fn leftovers_of_a_killed_wipe_or_bulk_load_are_deleted_on_the_next_open() -> Result<()> {
+    let topic = unique_topic("leftovers");
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("s");
+    let (store, _) = open(&path, &topic)?;
+    write_keys(&store, 0..10)?;
+    store.close()?;
+    drop(store);
+
+    let gone_pid = pid_of_no_process()?;
+    let fill = |copy: &std::path::Path| -> Result<()> {
+        std::fs::create_dir(copy)?;
+        std::fs::write(copy.join("CURRENT"), b"MANIFEST-000001\n")?;
+        std::fs::write(copy.join("000007.sst"), b"x")?;
+        Ok(())
+    };
+    let leftovers = [
+        // Its process is gone.
+        dir.path()
+            .join(format!(".s.kstate-wiped-{gone_pid}-1700000000000000000")),
+        // This process's pid, but no wipe of this process: an earlier process had the pid.
+        dir.path()
+            .join(format!(".s.kstate-wiped-{}-1", std::process::id())),
+    ];
+    for copy in &leftovers {
+        fill(copy)?;
+    }
+    let ingest = path.join("kstate-ingest-3.sst");
+    std::fs::write(&ingest, b"an SST file that was never ingested")?;
+    let kept = [
+        // Process 1 is alive: its wipe may still be deleting the copy.
+        dir.path().join(".s.kstate-wiped-1-2"),
+        // Another store's copy.
+        dir.path().join(format!(".other.kstate-wiped-{gone_pid}-1")),
+        // Names that only look like a copy's.
+        dir.path().join(".s.kstate-wiped-notes"),
+        dir.path().join(format!("s.kstate-wiped-{gone_pid}-1")),
+        dir.path().join(format!(".s.kstate-wiped-{gone_pid}-1-old")),
+    ];
+    for other in &kept {
+        fill(other)?;
+    }
+    let user_file = path.join("kstate-ingest-notes.sst");
+    std::fs::write(&user_file, b"not a name the bulk load gives")?;
+
+    let (store, report) = open(&path, &topic)?;
+    ensure!(
+        report.start.rebuild_reason.is_none(),
+        "the store was rebuilt: {:?}",
+        report.start
+    );
+    ensure!(
+        contents(&store)?.len() == 10,
+        "the store lost entries: {:?}",
+        contents(&store)?
+    );
+    for copy in &leftovers {
+        ensure!(!copy.exists(), "{} is still there", copy.display());
+    }
+    ensure!(!ingest.exists(), "{} is still there", ingest.display());
+    for other in &kept {
+        ensure!(
+            other.join("CURRENT").exists() && other.join("000007.sst").exists(),
+            "{} was touched",
+            other.display()
+        );
+    }
+    ensure!(user_file.exists(), "{} was deleted", user_file.display());
+    store.close()?;
     Ok(())
 }

@@ -1,5 +1,7 @@
-//! Readers never wait on the broker: while a stalled broker keeps writers blocked on a full
-//! producer queue, `get` and `scan` still answer from the overlay and RocksDB.
+//! A stalled broker:
+//! - readers never wait on it: while it keeps writers blocked on a full producer queue, `get`
+//!   and `scan` still answer from the overlay and RocksDB;
+//! - a commit bounded by its caller's timeout gives up without poisoning the store.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
@@ -8,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use kstate::kstate_core::KeyValueStore;
+use kstate::kstate_core::{Error, KeyValueStore};
 use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
-use kstate::kstate_rocksdb::RocksDbOptions;
+use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 use kstate_test_broker::{PrivateBroker, unique_topic};
 
 #[test]
@@ -109,5 +111,63 @@ fn a_get_answers_while_writers_wait_on_a_stalled_broker() -> Result<()> {
         "all acknowledged after the commit"
     );
     store.close()?;
+    Ok(())
+}
+
+/// A commit bounded by its caller's timeout gives up with a typed timeout when the broker does
+/// not acknowledge in time, and does not poison the store: its writes stay readable, RocksDB
+/// still holds the previous commit, and a later commit makes them durable once the broker
+/// answers again.
+#[test]
+fn a_bounded_commit_times_out_without_poisoning_the_store() -> Result<()> {
+    let broker = PrivateBroker::start()?;
+    let dir = tempfile::tempdir()?;
+    let config = ChangelogConfig::new(broker.bootstrap_servers(), unique_topic("bounded"), 0)
+        .partitions(1)
+        .durability(Durability::Async)
+        .delivery_timeout(Duration::from_secs(60));
+    let store = LoggedStore::open(dir.path(), &RocksDbOptions::default(), config)?;
+    store.put(b"committed", b"1")?;
+    store.commit()?;
+    let before = store.committed_position()?.map(|p| p.offset);
+
+    broker.pause()?;
+    store.put(b"pending", b"2")?;
+    let outcome = store.commit_within(Duration::from_secs(2));
+    ensure!(
+        matches!(outcome, Err(Error::Timeout { .. })),
+        "a commit against a stalled broker returned {outcome:?}"
+    );
+    ensure!(
+        store.get(b"pending")?.as_deref() == Some(&b"2"[..]),
+        "the write is no longer readable after the timeout"
+    );
+    ensure!(
+        store.committed_position()?.map(|p| p.offset) == before,
+        "the timed-out commit moved the stored position"
+    );
+    store.put(b"later", b"3")?;
+
+    broker.resume()?;
+    store.commit()?;
+    ensure!(
+        store.committed_position()?.map(|p| p.offset) == before.map(|o| o + 2),
+        "the later commit stored {:?}",
+        store.committed_position()?
+    );
+    store.close()?;
+    drop(store);
+    let raw = RocksDbStore::open(dir.path(), &RocksDbOptions::default())?;
+    for (key, value) in [
+        (&b"committed"[..], &b"1"[..]),
+        (b"pending", b"2"),
+        (b"later", b"3"),
+    ] {
+        ensure!(
+            raw.get(key)?.as_deref() == Some(value),
+            "RocksDB holds {:?} for {key:?}",
+            raw.get(key)?
+        );
+    }
     Ok(())
 }

@@ -1,7 +1,10 @@
 //! Stores under a transactional producer (exactly-once), against a real broker:
 //! - a commit applies the overlay with its last offset, an abort drops it, and the offset
 //!   bookkeeping follows the transaction markers;
-//! - a producer fenced by a newer one with the same transactional id applies nothing;
+//! - a producer fenced by a newer one with the same transactional id applies nothing, and an
+//!   abort it cannot complete poisons its stores;
+//! - an idle store is never rebuilt for its idleness: after a commit only a marker follows its
+//!   stored position;
 //! - a `Batch` is atomic through SIGKILL: after any kill the restored store holds every batch
 //!   whole or not at all, and exactly the committed transactions.
 
@@ -68,8 +71,9 @@ fn a_commit_applies_the_overlay_and_an_abort_drops_it() -> Result<()> {
         "a store under a transaction must refuse a commit of its own"
     );
     producer.commit_transaction(None, TIMEOUT)?;
+    // 0 a=1, 1 commit marker: the position is the marker.
     ensure!(
-        stored(&store)? == 0,
+        stored(&store)? == 1,
         "the commit stored offset {}",
         stored(&store)?
     );
@@ -90,7 +94,7 @@ fn a_commit_applies_the_overlay_and_an_abort_drops_it() -> Result<()> {
         "the abort kept a=2"
     );
     ensure!(store.get(b"b")?.is_none(), "the abort kept b");
-    ensure!(stored(&store)? == 0, "the abort moved the stored offset");
+    ensure!(stored(&store)? == 1, "the abort moved the stored offset");
 
     let mut batch = Batch::new();
     batch.put(b"c".to_vec(), b"1".to_vec());
@@ -99,15 +103,16 @@ fn a_commit_applies_the_overlay_and_an_abort_drops_it() -> Result<()> {
     producer.commit_transaction(None, TIMEOUT)?;
     // 0 a=1, 1 commit marker, 2-3 aborted, 4 abort marker, 5 c=1, 6 delete a, 7 commit marker.
     ensure!(
-        stored(&store)? == 6,
+        stored(&store)? == 7,
         "stored offset {} after the third transaction",
         stored(&store)?
     );
     store.put(b"d", b"1")?;
     producer.commit_transaction(None, TIMEOUT)?;
+    // 8 d=1, 9 commit marker.
     ensure!(
-        stored(&store)? == 8,
-        "the record after a commit marker landed at {} (one writer, markers counted)",
+        stored(&store)? == 9,
+        "the record after a commit marker landed before {} (one writer, markers counted)",
         stored(&store)?
     );
     let end = common::high_watermark(&topic, 0)?;
@@ -164,7 +169,8 @@ fn a_full_overlay_asks_for_a_commit_and_applies_nothing_itself() -> Result<()> {
         !producer.commit_requested(),
         "the request outlived the commit"
     );
-    ensure!(stored(&store)? == 24, "stored offset {}", stored(&store)?);
+    // 0-24 the writes, 25 the commit marker.
+    ensure!(stored(&store)? == 25, "stored offset {}", stored(&store)?);
     Ok(())
 }
 
@@ -208,13 +214,135 @@ fn a_fenced_producer_applies_nothing() -> Result<()> {
         "RocksDB holds the fenced write"
     );
     let position = ChangelogPosition::read(&raw)?.context("no position")?;
-    ensure!(position.offset == 0, "stored offset {}", position.offset);
+    // 0 k=1, 1 its commit marker.
+    ensure!(position.offset == 1, "stored offset {}", position.offset);
     let end = common::high_watermark(&topic, 0)?;
     let folded = common::fold_changelog(&topic, 0, end)?;
     ensure!(
         folded.len() == 1 && folded.get(&b"k"[..]).map(Vec::as_slice) == Some(&b"1"[..]),
         "read_committed sees {folded:?}"
     );
+    Ok(())
+}
+
+/// An abort that fails for good (the producer was fenced) poisons the stores: they must not go
+/// on serving the writes of the transaction that was to be aborted.
+#[test]
+fn a_failed_abort_poisons_the_stores() -> Result<()> {
+    let topic = kstate_test_broker::unique_topic("txn-failed-abort");
+    let dir = tempfile::tempdir()?;
+    let config = common::changelog(&topic)?;
+    let id = format!("{topic}-w");
+    let zombie = SharedProducer::transactional(&config, &id, TRANSACTION_TIMEOUT)?;
+    let store = attach(
+        &dir.path().join("zombie"),
+        &topic,
+        &zombie,
+        &OpenHooks::default(),
+    )?;
+    store.put(b"k", b"1")?;
+    zombie.commit_transaction(None, TIMEOUT)?;
+    store.put(b"k", b"2")?;
+    common::streams::wait_for("the record to be acknowledged", TIMEOUT, || {
+        Ok(store.unacknowledged() == 0)
+    })?;
+
+    let _successor = SharedProducer::transactional(&config, &id, TRANSACTION_TIMEOUT)?;
+    let aborted = zombie.abort_transaction("test", TIMEOUT);
+    ensure!(
+        matches!(aborted, Err(TransactionError::Fatal { .. })),
+        "the fenced producer's abort returned {aborted:?}"
+    );
+    let got = store
+        .get(b"k")
+        .map(|v| v.map(|v| String::from_utf8_lossy(&v).into_owned()));
+    ensure!(
+        matches!(got, Err(Error::Poisoned { .. })),
+        "after a failed abort the store serves {got:?}"
+    );
+    Ok(())
+}
+
+/// A store under a transaction that writes nothing for longer than its changelog's
+/// `delete.retention.ms` is not rebuilt on its next open: after a commit only the commit marker
+/// follows its stored position, so no tombstone after it can have been compacted away.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_store_past_delete_retention_is_not_rebuilt() -> Result<()> {
+    let topic = kstate_test_broker::unique_topic("txn-idle");
+    common::create_compacted_topic(&topic, &[("delete.retention.ms", "1000")]).await?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("s");
+    let config = common::changelog(&topic)?;
+    let producer =
+        SharedProducer::transactional(&config, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
+    let store = attach(&path, &topic, &producer, &OpenHooks::default())?;
+    store.put(b"k", b"1")?;
+    producer.commit_transaction(None, TIMEOUT)?;
+    store.close()?;
+    drop(store);
+    tokio::time::sleep(Duration::from_millis(1500)).await; // idle past delete.retention.ms
+
+    let restored = RestoredStore::restore(
+        &path,
+        &RocksDbOptions::default(),
+        config.clone(),
+        &OpenHooks::default(),
+    )?;
+    let start = restored.report().start.clone();
+    ensure!(
+        start.rebuild_reason.is_none(),
+        "the idle store was rebuilt: {start:?}"
+    );
+    ensure!(
+        start.start_offset == start.end_offset && restored.report().records == 0,
+        "the idle store replayed records: {:?}",
+        restored.report()
+    );
+
+    restored.close()?;
+    Ok(())
+}
+
+/// The other half: after a commit the reopen resumes right after the stored position, so the
+/// records written while the store was closed are replayed, all of them and only them.
+#[test]
+fn a_reopen_after_a_commit_replays_exactly_the_later_records() -> Result<()> {
+    let topic = kstate_test_broker::unique_topic("txn-resume");
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("s");
+    let config = common::changelog(&topic)?;
+    let producer =
+        SharedProducer::transactional(&config, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
+    let store = attach(&path, &topic, &producer, &OpenHooks::default())?;
+    store.put(b"k", b"1")?;
+    producer.commit_transaction(None, TIMEOUT)?;
+    store.put(b"k", b"2")?;
+    producer.commit_transaction(None, TIMEOUT)?;
+    let position = stored(&store)?;
+    store.close()?;
+    drop(store);
+    // The producer's next transaction, without the store: two records it never applied.
+    producer.send_output(&topic, 0, b"k", Some(b"3"), TIMEOUT)?;
+    producer.send_output(&topic, 0, b"l", Some(b"1"), TIMEOUT)?;
+    producer.commit_transaction(None, TIMEOUT)?;
+
+    let (reopened, report) = common::open_reporting(&path, config)?;
+    ensure!(
+        report.start.rebuild_reason.is_none() && report.start.start_offset == position + 1,
+        "the reopen did not resume right after the stored offset {position}: {:?}",
+        report.start
+    );
+    ensure!(
+        report.records == 2,
+        "the reopen replayed {} records, not the 2 written while the store was closed",
+        report.records
+    );
+    let folded = common::fold_changelog(&topic, 0, report.start.end_offset)?;
+    ensure!(
+        common::contents(&reopened)? == folded,
+        "the reopened store differs from its committed changelog"
+    );
+    reopened.close()?;
     Ok(())
 }
 

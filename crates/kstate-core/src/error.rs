@@ -76,6 +76,23 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// An operation did not finish within the time its caller gave it. Unlike
+    /// [`Error::Poisoned`], nothing was lost: the store is as the operation's documentation says
+    /// a timeout leaves it, and can be used again or dropped.
+    #[error(
+        "store {store}: {operation} did not finish within {timeout:?} (waiting for {waiting_for})"
+    )]
+    Timeout {
+        /// The store's path or name.
+        store: String,
+        /// What the store was doing, e.g. `"commit"`.
+        operation: &'static str,
+        /// What it was still waiting for.
+        waiting_for: String,
+        /// The time the caller gave it.
+        timeout: Duration,
+    },
+
     /// The caller passed something the store cannot accept.
     #[error("store {store}: invalid argument: {message}")]
     InvalidArgument {

@@ -18,6 +18,17 @@
 //! insert, so `get` and `scan` never wait for the producer; a commit takes both, briefly, to
 //! freeze the overlay at a known sequence number.
 //!
+//! # Bounded commits
+//! [`commit`](LoggedStore::commit) waits for the acknowledgement up to the delivery timeout
+//! plus 30 s and then poisons: a changelog stuck that long is broken. A caller with a deadline
+//! of its own (a task handed over in a rebalance must be let go within the rebalance's time)
+//! uses [`commit_within`](LoggedStore::commit_within) instead, which gives up at the deadline
+//! with [`Error::Timeout`](kstate_core::Error::Timeout) and leaves the store as it was before
+//! the commit: the frozen overlay goes back under the newer writes, RocksDB keeps the previous
+//! commit. Giving up is safe because nothing unacknowledged reached RocksDB: the caller may
+//! commit again later, or drop the store; its next open replays what the broker did
+//! acknowledge, and the caller's input, rewound to its own last commit, writes the rest again.
+//!
 //! # Failures
 //! A failed send, a stuck acknowledgement or another writer's record in the partition poisons
 //! the store: every later operation, reads included, returns
@@ -36,6 +47,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{
     Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+    TryLockError,
 };
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -283,6 +295,39 @@ impl LoggedStore {
         self.shared.commit()
     }
 
+    /// [`commit`](Self::commit), giving up after `timeout`: for a caller that must let the
+    /// store go by a deadline of its own.
+    ///
+    /// `timeout` covers waiting for an earlier commit, for writers waiting for room in the
+    /// producer queue, and for the broker's acknowledgement. When it passes first, this returns
+    /// [`Error::Timeout`] and the store is exactly as before the call: not poisoned, none of the
+    /// writes since the last commit in RocksDB (which holds the previous commit and its
+    /// position), all of them still readable. Their records stay with the producer and may be
+    /// acknowledged later. The store can then be committed again (a later commit covers them),
+    /// or dropped without a commit: its next open replays whatever the broker acknowledged, and
+    /// the rest is lost, which is safe when the writes come from an input that is replayed from
+    /// its own last commit.
+    ///
+    /// Every other outcome is [`commit`](Self::commit)'s: a failed record or another writer's
+    /// poisons the store, and a `timeout` of the delivery timeout plus 30 s or more is
+    /// `commit()`'s own limit, after which a stuck changelog poisons it. Under a transaction the
+    /// commit is refused, as `commit()` is.
+    pub fn commit_within(&self, timeout: Duration) -> Result<()> {
+        self.shared.check_open()?;
+        self.shared.commit_bounded(Some(timeout))
+    }
+
+    /// [`flush`](KeyValueStore::flush), its commit bounded as
+    /// [`commit_within`](Self::commit_within)`(timeout)` is: after a timeout nothing was
+    /// committed or flushed. The memtable flush that follows a commit is local, and not bounded.
+    pub fn flush_within(&self, timeout: Duration) -> Result<()> {
+        self.shared.check_open()?;
+        if self.shared.transaction.is_none() {
+            self.shared.commit_bounded(Some(timeout))?;
+        }
+        self.shared.store.flush()
+    }
+
     /// Writes sent to the changelog that the broker has not acknowledged yet. They are readable,
     /// but a crash before their acknowledgement may lose them; 0 once everything written is
     /// safe in the changelog (committed to RocksDB or not).
@@ -313,7 +358,8 @@ impl LoggedStore {
         Ok(mode)
     }
 
-    /// The changelog position RocksDB's contents correspond to (the last committed record).
+    /// The changelog position RocksDB's contents correspond to: the last committed record, or
+    /// under a transaction the commit marker after it.
     pub fn committed_position(&self) -> Result<Option<ChangelogPosition>, ChangelogError> {
         ChangelogPosition::read(&self.shared.store)
     }
@@ -493,6 +539,54 @@ impl Shared {
     }
 
     fn commit(&self) -> Result<()> {
+        self.commit_bounded(None)
+    }
+
+    /// Takes `m`, giving up at `deadline` (`None`: waits as long as it takes).
+    fn lock_before<'a, T>(
+        &self,
+        m: &'a Mutex<T>,
+        deadline: Option<(Instant, Duration)>,
+        waiting_for: &str,
+    ) -> Result<MutexGuard<'a, T>> {
+        let Some((deadline, timeout)) = deadline else {
+            return Ok(lock(m));
+        };
+        loop {
+            match m.try_lock() {
+                Ok(guard) => return Ok(guard),
+                Err(TryLockError::Poisoned(e)) => return Ok(e.into_inner()),
+                Err(TryLockError::WouldBlock) if Instant::now() >= deadline => {
+                    return Err(self.commit_timed_out(timeout, waiting_for));
+                }
+                // Held by a commit waiting for the broker, or by a writer waiting for queue
+                // room: next to either, a try every millisecond costs nothing.
+                Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
+    fn commit_timed_out(&self, timeout: Duration, waiting_for: &str) -> Error {
+        Error::Timeout {
+            store: self.name.clone(),
+            operation: "commit",
+            waiting_for: waiting_for.to_string(),
+            timeout,
+        }
+    }
+
+    /// Gives back the layer a commit froze and then gave up on: under the writes made since
+    /// (newer), so that the next commit covers them all and reads still see them.
+    fn unfreeze(&self, frozen: Arc<Map>) {
+        let mut state = write(&self.state);
+        state.frozen = None;
+        let frozen = Arc::try_unwrap(frozen).unwrap_or_else(|shared| (*shared).clone());
+        state.active.put_under(frozen);
+    }
+
+    /// The commit; with a `limit` below the acknowledgement timeout, it gives up once `limit`
+    /// has passed and leaves the store as it was ([`LoggedStore::commit_within`]).
+    fn commit_bounded(&self, limit: Option<Duration>) -> Result<()> {
         if self.transaction.is_some() {
             return Err(Error::InvalidArgument {
                 store: self.name.clone(),
@@ -501,7 +595,10 @@ impl Shared {
                     .into(),
             });
         }
-        let _serial = lock(&self.commit_serial);
+        let deadline = limit
+            .filter(|limit| *limit < self.ack_timeout())
+            .map(|limit| (Instant::now() + limit, limit));
+        let _serial = self.lock_before(&self.commit_serial, deadline, "an earlier commit")?;
         if let Some(reason) = self.producer.tracker.poisoned() {
             return Err(self.poisoned(reason));
         }
@@ -509,7 +606,11 @@ impl Shared {
         let (frozen, known_offset, frozen_at) = {
             // No record can be sent while we hold the send lock, so the tracker can tell us the
             // offset of exactly this snapshot's last record.
-            let _send = lock(&self.send);
+            let _send = self.lock_before(
+                &self.send,
+                deadline,
+                "a write waiting for room in the producer queue",
+            )?;
             let mut state = write(&self.state);
             if state.active.len() == 0 {
                 return Ok(());
@@ -525,11 +626,25 @@ impl Shared {
             (frozen, known, SystemTime::now())
         };
         metrics::gauge!("kstate_changelog_in_flight").set(f64::from(self.producer.in_flight()));
+        let wait = deadline.map_or(self.ack_timeout(), |(deadline, _)| {
+            deadline.saturating_duration_since(Instant::now())
+        });
         let offset = match known_offset {
             Some(offset) => offset,
-            None => match self.producer.tracker.wait_for_watched(self.ack_timeout()) {
+            None => match self.producer.tracker.wait_for_watched(wait) {
                 Ok(offset) => offset,
                 Err(reason) => {
+                    if let Some((_, timeout)) = deadline
+                        && self.producer.tracker.poisoned().is_none()
+                    {
+                        // The caller's deadline passed and nothing failed: give up, poisoning
+                        // nothing.
+                        self.unfreeze(frozen);
+                        return Err(self.commit_timed_out(
+                            timeout,
+                            "the acknowledgement of the commit's last record",
+                        ));
+                    }
                     // Stuck or failed: the store is poisoned, and serves nothing.
                     self.producer.tracker.poison(reason.clone());
                     return Err(self.poisoned(reason));
@@ -541,10 +656,10 @@ impl Shared {
         Ok(())
     }
 
-    /// Writes the frozen overlay and `offset` (its last record's) to RocksDB in one batch, then
-    /// drops the frozen layer. A failure poisons: the entries are in the changelog but not in
-    /// RocksDB, and going on would let a later commit store an offset past them (reopening
-    /// restores them).
+    /// Writes the frozen overlay and `offset` (its last record's, or under a transaction the
+    /// commit marker's after it) to RocksDB in one batch, then drops the frozen layer. A failure
+    /// poisons: the entries are in the changelog but not in RocksDB, and going on would let a
+    /// later commit store an offset past them (reopening restores them).
     fn apply_frozen(&self, frozen: &Map, offset: i64, written_at: SystemTime) -> Result<()> {
         let position = ChangelogPosition {
             topic: self.config.topic.clone(),
@@ -681,7 +796,10 @@ impl TransactionMember for Shared {
             state.frozen = Some(frozen.clone());
             frozen
         };
-        self.apply_frozen(&frozen, offset, SystemTime::now())
+        // The position is the commit marker, right after the transaction's last record (see
+        // the transaction module): an idle store then has nothing after its position, and a
+        // restore never takes it for a stale one.
+        self.apply_frozen(&frozen, offset + 1, SystemTime::now())
     }
 
     fn abort_starting(&self) {

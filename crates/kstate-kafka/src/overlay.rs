@@ -37,6 +37,17 @@ impl Overlay {
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
+
+    /// Puts `older`'s entries under this overlay's: keys this one holds keep their (newer)
+    /// values. How a frozen layer whose commit gave up returns to the active one.
+    pub(crate) fn put_under(&mut self, older: Map) {
+        for (key, value) in older {
+            if let std::collections::btree_map::Entry::Vacant(slot) = self.map.entry(key) {
+                self.bytes += slot.key().as_slice().len() + value.as_ref().map_or(0, Vec::len);
+                slot.insert(value);
+            }
+        }
+    }
 }
 
 /// The overlay entries in `range` (newest layer first in `layers`), in scan order.
@@ -115,5 +126,36 @@ impl Iterator for MergeScan<'_> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_put_under_keeps_the_newer_values_and_counts_its_own_bytes() {
+        let mut older = Overlay::default();
+        older.insert(b"a".to_vec(), Some(b"old".to_vec()));
+        older.insert(b"b".to_vec(), None);
+        let mut newer = Overlay::default();
+        newer.insert(b"a".to_vec(), Some(b"new!".to_vec()));
+        newer.insert(b"c".to_vec(), Some(b"3".to_vec()));
+        newer.put_under(older.map);
+        let entries: Vec<(&[u8], Option<&[u8]>)> = newer
+            .map
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_deref()))
+            .collect();
+        assert_eq!(
+            entries,
+            vec![
+                (&b"a"[..], Some(&b"new!"[..])),
+                (b"b", None),
+                (b"c", Some(b"3"))
+            ]
+        );
+        // a + new!, b, c + 3
+        assert_eq!(newer.bytes, 5 + 1 + 2);
     }
 }

@@ -35,7 +35,10 @@ pub struct ChangelogPosition {
     pub topic: String,
     /// Its partition.
     pub partition: i32,
-    /// The offset of the last record the store holds (-1: none, the changelog starts at 0).
+    /// The last offset the store's contents cover (-1: none, the changelog starts at 0): its
+    /// last record's, or the transaction marker after it (a commit under a transaction stores
+    /// its commit marker; a restore stores the end it reached, markers included). Restore
+    /// resumes at the next offset.
     pub offset: i64,
     /// A time from which on every tombstone after `offset` is still in the changelog for at least
     /// the topic's `delete.retention.ms`. A commit stores when it froze its overlay (every later

@@ -70,11 +70,12 @@ impl AckTracker {
         self.acks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records why the changelog can no longer be trusted (the first reason wins).
+    /// Records why the changelog can no longer be trusted (the first reason wins). Also while
+    /// an abort is under way: that the abort's purge must not poison is decided where its
+    /// failures arrive ([`failed`](Self::failed)), and a failure of the abort itself
+    /// (`TransactionMember::producer_failed`) must poison, or the stores would go on serving
+    /// the transaction that was to be dropped.
     fn set_poisoned(&self, acks: &mut Acks, reason: PoisonReason) {
-        if acks.aborting {
-            return;
-        }
         if acks.poisoned.is_none() {
             tracing::error!(%reason, "changelog poisoned");
             acks.poisoned = Some(reason);
@@ -89,10 +90,10 @@ impl AckTracker {
     }
 
     /// Record `...seq_low` was not delivered: poisons, unless it belongs to an aborted
-    /// transaction.
+    /// transaction or to the one an abort is dropping (the purge fails every queued record).
     fn failed(&self, seq_low: u64, reason: PoisonReason) {
         let mut acks = self.lock();
-        if !acks.is_aborted(seq_low) {
+        if !acks.aborting && !acks.is_aborted(seq_low) {
             self.set_poisoned(&mut acks, reason);
         }
     }

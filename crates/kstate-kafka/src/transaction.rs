@@ -12,6 +12,27 @@
 //! until KIP-892, wipes the whole store after a crash under EOS; with the WAL off a memtable
 //! flush can persist an aborted transaction's writes, KAFKA-20685.)
 //!
+//! # The stored position is the commit marker
+//! A committed transaction leaves a commit marker in each partition it wrote, right after its
+//! last record there (one writer per partition: nothing else lands in between, and the
+//! coordinator lets the next transaction write the partition only after the marker). Each store
+//! stores the marker's offset as its position, not its last record's. The restore's trust rule
+//! (`restore::trust`) rebuilds a store whose position is older than `delete.retention.ms` when
+//! anything follows the position. Were the last record stored, the marker would always follow
+//! it, and a store idle for longer than that (a quiet partition, a nightly input, a long stop)
+//! would be wiped and rebuilt on its next open though no tombstone can have been lost. With the
+//! marker stored, an idle store's position is the log's end, as under at-least-once, and the
+//! restore resumes at the offset after the marker: the next transaction's first record, nothing
+//! skipped (the restore stores the end it reached the same way, markers included).
+//!
+//! `commit_transaction` returns once the coordinator has decided; it writes the markers a moment
+//! later. A restore in between cannot mistake the position for one past the log's end: while the
+//! marker is missing, the transaction holds the last stable offset below the high watermark, and
+//! the restore waits for it to reach the end (`restore::end`) before it looks at the position.
+//!
+//! Refreshing the position's time at each flush instead would keep only an open store fresh: a
+//! store closed for longer than `delete.retention.ms` would still be rebuilt.
+//!
 //! # Errors, as librdkafka defines them
 //! Retriable errors are retried until the call's timeout. An abortable error aborts the
 //! transaction here, drops the overlays and returns [`TransactionError::Aborted`]: the caller

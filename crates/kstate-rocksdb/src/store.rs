@@ -23,6 +23,12 @@
 //! Data lives in the `default` column family; the `kstate_meta` column family holds small
 //! metadata records (the changelog position) written atomically with data through
 //! [`RocksDbStore::write_with_metadata`].
+//!
+//! [`RocksDbStore::ingest_sorted`] writes its SST file into the store directory as
+//! `kstate-ingest-<n>.sst` and has RocksDB move it in. A process killed between the two leaves
+//! the file behind, and RocksDB never deletes it (the name is not one of its own), so opening a
+//! store deletes such files, with a warning. It does so only once it holds the directory's
+//! lock, so no other store can be writing one there.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +50,41 @@ pub fn wal_free_write_options() -> WriteOptions {
     let mut opts = WriteOptions::default();
     opts.disable_wal(true);
     opts
+}
+
+/// `ingest_sorted` names its files `kstate-ingest-<n>.sst`.
+const INGEST_PREFIX: &str = "kstate-ingest-";
+const INGEST_SUFFIX: &str = ".sst";
+
+/// Whether `name` is one `ingest_sorted` gives its files.
+fn is_ingest_file(name: &str) -> bool {
+    name.strip_prefix(INGEST_PREFIX)
+        .and_then(|rest| rest.strip_suffix(INGEST_SUFFIX))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Deletes the files an `ingest_sorted` killed before its ingest left in the store directory at
+/// `path`, which the caller has just locked (so none of them is being written). A failure only
+/// warns: the file wastes space, nothing more.
+fn remove_leftover_ingest_files(path: &Path) {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if !is_file || !entry.file_name().to_str().is_some_and(is_ingest_file) {
+            continue;
+        }
+        let file = entry.path();
+        match std::fs::remove_file(&file) {
+            Ok(()) => {
+                tracing::warn!(path = %file.display(), "deleted an SST file an interrupted bulk load left behind");
+            }
+            Err(e) => {
+                tracing::warn!(path = %file.display(), error = %e, "could not delete an SST file an interrupted bulk load left behind");
+            }
+        }
+    }
 }
 
 /// A RocksDB-backed [`KeyValueStore`] that never writes a WAL.
@@ -84,6 +125,7 @@ impl RocksDbStore {
         ];
         let db = DB::open_cf_descriptors(&opts, &path, families)
             .map_err(|e| OpenError::from_rocks(path.clone(), e))?;
+        remove_leftover_ingest_files(&path);
         tracing::debug!(path = %path.display(), "opened RocksDB store (WAL disabled)");
         Ok(RocksDbStore {
             db,
@@ -159,7 +201,7 @@ impl RocksDbStore {
     ) -> Result<()> {
         self.check_open()?;
         let n = self.ingested.fetch_add(1, Ordering::Relaxed);
-        let file = self.path.join(format!("kstate-ingest-{n}.sst"));
+        let file = self.path.join(format!("{INGEST_PREFIX}{n}{INGEST_SUFFIX}"));
         let written = self.write_sst(&file, entries);
         let result = match written {
             Ok(0) => Ok(()),

@@ -9,7 +9,8 @@
 //!    holds the last stable offset below it.
 //! 4. Decide whether the stored position can be trusted ([`trust`]): resume after it, rebuild
 //!    from the low watermark (with a warning), reseed the changelog from the store, or refuse.
-//!    Wipes rename the directory aside first ([`wipe`]).
+//!    Wipes rename the directory aside first ([`wipe`]); copies a killed wipe left behind are
+//!    deleted when the store next opens.
 //! 5. Replay with `isolation.level=read_committed` ([`replay`]) into batches written atomically
 //!    with their last offset, or, into an empty store, into sorted SST files.
 //! 6. Report to the [`RestoreListener`], through `tracing` spans and `metrics`.
@@ -279,6 +280,7 @@ pub(crate) fn restore(
     let _entered = span.enter();
 
     let mut store = RocksDbStore::open(path, options)?;
+    wipe::remove_leftover_copies(path);
     let position = ChangelogPosition::read(&store)?;
 
     // A store that holds a position never recreates its missing changelog on its own.
