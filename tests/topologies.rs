@@ -26,8 +26,8 @@
 //! while keeping theirs, and comes back. Two inputs with the default protocol; three inputs with
 //! two stores and two threads per copy; the repartition topology; two inputs with
 //! `GroupProtocol::Consumer` on a broker of its own whose consumer-group session timeout is 6 s. Exact sequences, no copy
-//! exits by itself or fails, every copy stops cleanly on SIGTERM, and no log names a poisoned
-//! store or a foreign write (two writers of one changelog partition).
+//! exits by itself or fails, every copy stops cleanly on SIGTERM, and no log names a foreign
+//! write (two writers of one changelog partition).
 //!
 //! The zombie timer test: one copy ticks (a wall-clock timer writing a store and sending an
 //! output, no input records) and is paused right after a commit, with nothing open in its
@@ -1187,7 +1187,9 @@ async fn a_paused_copy_whose_timer_fires_after_it_lost_its_tasks_makes_nothing_v
     if let Err(e) = copies.check_slot_alive(b) {
         problems.push(e.to_string());
     }
-    if let Err(e) = copies.check_no_foreign_writes(&[b]) {
+    // A's aborted records land in B's changelog partitions after B's restore: B's stores see
+    // another writer, and B restores those tasks again (nothing of A's is committed).
+    if let Err(e) = copies.check_foreign_writes_recovered(&[b]) {
         problems.push(e.to_string());
     }
     // What became of A is not this test's subject: it is reported, not checked.

@@ -537,22 +537,18 @@ impl SharedProducer {
     /// Queues one record, waiting while librdkafka's queue is full, up to `queue_timeout`.
     fn send_routed(
         &self,
-        topic: &str,
-        partition: Option<i32>,
-        key: &[u8],
-        value: Option<&[u8]>,
-        headers: Option<OwnedHeaders>,
+        outgoing: Outgoing<'_>,
         opaque: usize,
         queue_timeout: Duration,
     ) -> Result<(), (KafkaError, Duration)> {
-        let mut record = BaseRecord::with_opaque_to(topic, opaque).key(key);
-        if let Some(partition) = partition {
+        let mut record = BaseRecord::with_opaque_to(outgoing.topic, opaque).key(outgoing.key);
+        if let Some(partition) = outgoing.partition {
             record = record.partition(partition);
         }
-        if let Some(value) = value {
+        if let Some(value) = outgoing.value {
             record = record.payload(value);
         }
-        if let Some(headers) = headers {
+        if let Some(headers) = outgoing.headers {
             record = record.headers(headers);
         }
         let mut deadline = None;
@@ -584,11 +580,13 @@ impl SharedProducer {
         queue_timeout: Duration,
     ) -> Result<(), ChangelogError> {
         self.send_routed(
-            topic,
-            Some(partition),
-            key,
-            value,
-            None,
+            Outgoing {
+                topic,
+                partition: Some(partition),
+                key,
+                value,
+                headers: None,
+            },
             OUTPUT_OPAQUE,
             queue_timeout,
         )
@@ -622,11 +620,13 @@ impl SharedProducer {
             });
         }
         self.send_routed(
-            topic,
-            None,
-            key.unwrap_or_default(),
-            value,
-            Some(owned),
+            Outgoing {
+                topic,
+                partition: None,
+                key: key.unwrap_or_default(),
+                value,
+                headers: Some(owned),
+            },
             OUTPUT_OPAQUE,
             queue_timeout,
         )
@@ -754,11 +754,13 @@ impl ChangelogProducer {
         }
         let opaque = self.route | (seq & SEQ_MASK) as usize;
         let sent = self.producer.send_routed(
-            &self.topic,
-            Some(self.partition),
-            key,
-            value,
-            None,
+            Outgoing {
+                topic: &self.topic,
+                partition: Some(self.partition),
+                key,
+                value,
+                headers: None,
+            },
             opaque,
             queue_timeout,
         );
@@ -819,6 +821,16 @@ impl Drop for ChangelogProducer {
         routes.trackers.remove(&id);
         routes.members.remove(&id);
     }
+}
+
+/// One record on its way to librdkafka's queue: no partition lets the producer's partitioner
+/// choose, no value is a tombstone.
+struct Outgoing<'a> {
+    topic: &'a str,
+    partition: Option<i32>,
+    key: &'a [u8],
+    value: Option<&'a [u8]>,
+    headers: Option<OwnedHeaders>,
 }
 
 #[cfg(test)]

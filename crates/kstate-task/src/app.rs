@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use kstate_core::codec::{Bincode, Codec, OrderedKey};
 use kstate_core::{KeyValueStore, Store};
-use kstate_kafka::{ClientProperties, ConnectionWatch};
-use rdkafka::ClientConfig;
+use kstate_kafka::ConnectionWatch;
 use rdkafka::consumer::BaseConsumer;
 
-use crate::builder::AppBuilder;
-use crate::config::{AppConfig, GroupProtocol, ProcessorFactory};
+use crate::config::{AppConfig, ProcessorFactory};
 use crate::error::{TaskError, panic_message};
 use crate::shared::{AppShared, AppState};
 use crate::status::{TaskStatus, lock};
@@ -27,17 +25,6 @@ pub struct App {
 }
 
 impl App {
-    /// An application named `application_id` (its consumer group and the prefix of its
-    /// changelog topics) on the cluster `client` names: a bootstrap address (`"host:port,..."`)
-    /// or [`ClientProperties`] with security settings, which every client of the application
-    /// (input consumers, producers, restore and admin clients) is made with.
-    pub fn builder(
-        application_id: impl Into<String>,
-        client: impl Into<ClientProperties>,
-    ) -> AppBuilder {
-        AppBuilder::new(application_id.into(), client.into())
-    }
-
     pub(crate) fn new(config: AppConfig, factory: ProcessorFactory) -> Self {
         App { config, factory }
     }
@@ -106,42 +93,6 @@ fn thread_error(name: String, e: std::io::Error) -> TaskError {
     }
 }
 
-/// The client settings every input consumer gets.
-pub(crate) fn consumer_config(config: &AppConfig) -> ClientConfig {
-    let mut client = config.client.client_config();
-    client
-        .set("group.id", &config.application_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        // Outputs of an exactly-once upstream must not be read before they commit.
-        .set("isolation.level", "read_committed")
-        // Consumer lag per task, as a metric (see the worker's statistics callback).
-        .set("statistics.interval.ms", "5000")
-        // A partition resumed after its restore joins the next fetch request, which waits for
-        // the one in flight: while the other partitions are quiet that one is held by the broker
-        // for up to this long (librdkafka's default is 500 ms, which a failover measured as
-        // 500 ms more darkness). An idle worker sends 10 fetches a second instead of 2.
-        .set("fetch.wait.max.ms", "100");
-    match config.group_protocol {
-        GroupProtocol::CooperativeSticky => {
-            client.set("partition.assignment.strategy", "cooperative-sticky");
-        }
-        GroupProtocol::Eager => {
-            client.set("partition.assignment.strategy", "range");
-        }
-        GroupProtocol::Consumer => {
-            client
-                .set("group.protocol", "consumer")
-                .set("group.remote.assignor", "range");
-        }
-    }
-    for (key, value) in &config.consumer_properties {
-        client.set(key, value);
-    }
-    client
-}
-
 /// The inputs' common partition count; an error if one is missing or they differ.
 fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
     let probe: BaseConsumer<ConnectionWatch> = config
@@ -152,7 +103,7 @@ fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
             worker: 0,
             operation: "create the metadata client",
             inputs: config.inputs.join(","),
-            source: config.client.redact_error(source),
+            source: Box::new(config.client.redact_error(source)),
         })?;
     let mut counts = Vec::new();
     for topic in &config.inputs {

@@ -23,6 +23,19 @@ use crate::ids::TaskId;
 use crate::processor::Processor;
 use crate::stores::StoreHandle;
 
+impl App {
+    /// An application named `application_id` (its consumer group and the prefix of its
+    /// changelog topics) on the cluster `client` names: a bootstrap address (`"host:port,..."`)
+    /// or [`ClientProperties`] with security settings, which every client of the application
+    /// (input consumers, producers, restore and admin clients) is made with.
+    pub fn builder(
+        application_id: impl Into<String>,
+        client: impl Into<ClientProperties>,
+    ) -> AppBuilder {
+        AppBuilder::new(application_id.into(), client.into())
+    }
+}
+
 /// Kafka's longest topic name.
 const MAX_TOPIC_NAME: usize = 249;
 
@@ -251,7 +264,11 @@ impl AppBuilder {
         if c.inputs.len() > 1 {
             let overridden = ["partition.assignment.strategy", "group.remote.assignor"]
                 .iter()
-                .any(|key| c.consumer_properties.get(*key).is_some_and(|v| v != "range"));
+                .any(|key| {
+                    c.consumer_properties
+                        .get(*key)
+                        .is_some_and(|v| v != "range")
+                });
             if !protocol.co_partitions() || overridden {
                 return Err(TaskError::CannotCoPartition {
                     protocol: if overridden {
@@ -289,23 +306,22 @@ impl AppBuilder {
         if c.commit_interval.is_zero() {
             return invalid("the commit interval must be above zero".into());
         }
-        if c.guarantee == ProcessingGuarantee::ExactlyOnce {
-            if c.transaction_timeout < Duration::from_secs(1)
-                || c.transaction_timeout <= c.commit_interval
-            {
-                return invalid(format!(
-                    "the transaction timeout ({:?}) must be at least 1 s and above the commit interval ({:?})",
-                    c.transaction_timeout, c.commit_interval
-                ));
-            }
+        if c.guarantee == ProcessingGuarantee::ExactlyOnce
+            && (c.transaction_timeout < Duration::from_secs(1)
+                || c.transaction_timeout <= c.commit_interval)
+        {
+            return invalid(format!(
+                "the transaction timeout ({:?}) must be at least 1 s and above the commit interval ({:?})",
+                c.transaction_timeout, c.commit_interval
+            ));
         }
-        if c.guarantee == ProcessingGuarantee::ExactlyOnce || c.static_membership {
-            if let Some(problem) = name_problem(&c.instance_id) {
-                return invalid(format!(
-                    "instance id {:?} {problem} (it names transactional ids and group members)",
-                    c.instance_id
-                ));
-            }
+        if (c.guarantee == ProcessingGuarantee::ExactlyOnce || c.static_membership)
+            && let Some(problem) = name_problem(&c.instance_id)
+        {
+            return invalid(format!(
+                "instance id {:?} {problem} (it names transactional ids and group members)",
+                c.instance_id
+            ));
         }
         if c.static_membership {
             if !self.instance_id_set {
@@ -391,7 +407,11 @@ mod tests {
     struct Nothing;
 
     impl Processor for Nothing {
-        fn process(&mut self, _: &mut Context<'_>, _: &Record<'_>) -> Result<(), kstate_core::BoxError> {
+        fn process(
+            &mut self,
+            _: &mut Context<'_>,
+            _: &Record<'_>,
+        ) -> Result<(), kstate_core::BoxError> {
             Ok(())
         }
     }
@@ -431,8 +451,14 @@ mod tests {
         let mut b = builder(&["a", "b"]);
         b.group_protocol(GroupProtocol::CooperativeSticky);
         let error = refusal(&b);
-        assert!(matches!(error, TaskError::CannotCoPartition { .. }), "{error}");
-        assert!(error.to_string().contains("GroupProtocol::Eager"), "{error}");
+        assert!(
+            matches!(error, TaskError::CannotCoPartition { .. }),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("GroupProtocol::Eager"),
+            "{error}"
+        );
         let mut b = builder(&["a", "b"]);
         b.consumer_property("partition.assignment.strategy", "cooperative-sticky");
         assert!(matches!(refusal(&b), TaskError::CannotCoPartition { .. }));
@@ -458,7 +484,10 @@ mod tests {
             );
             let mut b = App::builder(name, "127.0.0.1:1");
             b.input("in");
-            assert!(matches!(refusal(&b), TaskError::InvalidConfig(_)), "app {name:?}");
+            assert!(
+                matches!(refusal(&b), TaskError::InvalidConfig(_)),
+                "app {name:?}"
+            );
         }
         let mut b = builder(&["in"]);
         b.store::<u64, u64>("a.b", StoreOptions::default());

@@ -200,10 +200,11 @@ pub(crate) struct AppConfig {
 impl AppConfig {
     /// The changelog of store `store` for task `partition`.
     ///
-    /// Under exactly-once a send waits for room in the producer's queue at most half the
-    /// transaction timeout (a wait as long as the transaction timeout would make the broker
-    /// abort the transaction and fence the producer), and a restore waits for a crashed
-    /// member's open transaction as long as the broker may take to abort it.
+    /// Under exactly-once a record is retried, and a send waits for room in the producer's
+    /// queue, at most 90% of the transaction timeout (a wait as long as the transaction timeout
+    /// would make the broker abort the transaction and fence the producer: the record must fail
+    /// first, so that the abort is ours), and a restore waits for a crashed member's open
+    /// transaction as long as the broker may take to abort it.
     pub(crate) fn changelog(
         &self,
         store: &str,
@@ -238,7 +239,7 @@ impl AppConfig {
     pub(crate) fn delivery_timeout(&self) -> Duration {
         match self.guarantee {
             ProcessingGuarantee::AtLeastOnce => Duration::from_secs(60),
-            ProcessingGuarantee::ExactlyOnce => self.transaction_timeout / 2,
+            ProcessingGuarantee::ExactlyOnce => self.transaction_timeout * 9 / 10,
         }
     }
 

@@ -107,7 +107,7 @@ pub enum TaskError {
         inputs: String,
         /// The client's error.
         #[source]
-        source: rdkafka::error::KafkaError,
+        source: Box<rdkafka::error::KafkaError>,
     },
 
     /// A consumer call for one input partition failed: pause, resume, seek, the committed
@@ -122,7 +122,7 @@ pub enum TaskError {
         partition: i32,
         /// The client's error.
         #[source]
-        source: rdkafka::error::KafkaError,
+        source: Box<rdkafka::error::KafkaError>,
     },
 
     /// A store of a task failed.
@@ -134,7 +134,7 @@ pub enum TaskError {
         store: String,
         /// What went wrong.
         #[source]
-        source: kstate_core::Error,
+        source: Box<kstate_core::Error>,
     },
 
     /// Opening or restoring a store of a task failed.
@@ -219,7 +219,9 @@ pub enum TaskError {
 
     /// A store of a task kept disagreeing with its changelog after being restored again (another
     /// writer of its changelog partition).
-    #[error("{task} was restored {restores} times in a row and its changelog still disagrees: {last}")]
+    #[error(
+        "{task} was restored {restores} times in a row and its changelog still disagrees: {last}"
+    )]
     Corrupted {
         /// The task.
         task: TaskId,

@@ -52,21 +52,21 @@
 #![deny(unsafe_code)]
 
 // The crate reads bottom-up: names → the processor API → a task → the worker → the app.
-mod ids;
-mod error;
-mod timers;
-mod cache;
-mod stores;
-mod processor;
-mod config;
-mod partitioner;
-mod task;
-mod status;
-mod restorer;
-mod shared;
-mod worker;
 mod app;
 mod builder;
+mod cache;
+mod config;
+mod error;
+mod ids;
+mod partitioner;
+mod processor;
+mod restorer;
+mod shared;
+mod status;
+mod stores;
+mod task;
+mod timers;
+mod worker;
 
 pub use app::{App, QueryError, Running, StoreQuery};
 pub use builder::AppBuilder;

@@ -191,9 +191,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("CLOCK");
         let _held = RocksDbStore::open(&path, &RocksDbOptions::default()).expect("opens");
-        let again = RocksDbStore::open(&path, &RocksDbOptions::default())
-            .err()
-            .expect("the directory is held");
+        let Err(again) = RocksDbStore::open(&path, &RocksDbOptions::default()) else {
+            panic!("the directory is held, a second open must fail");
+        };
         assert!(directory_held(&ChangelogError::Open(again)));
         let mentions_lock = ChangelogError::InvalidConfig {
             topic: "CLOCK-counts-changelog".into(),

@@ -338,19 +338,23 @@ impl Task {
         TaskError::Store {
             task: self.id,
             store: store.name.clone(),
-            source,
+            source: Box::new(source),
         }
     }
 
     /// Step 3: every store writes its acknowledged overlay and offset into RocksDB, and flushes
-    /// its memtables when its flush interval has passed.
-    pub(crate) fn commit_stores(&mut self) -> Result<(), TaskError> {
+    /// its memtables when its flush interval has passed. With a `deadline`, a store that is
+    /// still waiting for its changelog's acknowledgements then gives up without being poisoned
+    /// ([`kstate_core::Error::Timeout`]): a revocation drops the task, and its input replays.
+    pub(crate) fn commit_stores(&mut self, deadline: Option<Instant>) -> Result<(), TaskError> {
         let flush = self.last_flush.elapsed() >= self.flush_interval;
         for store in &self.stores {
-            let done = if flush {
-                store.logged.flush()
-            } else {
-                store.logged.commit()
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let done = match (flush, left) {
+                (true, None) => store.logged.flush(),
+                (false, None) => store.logged.commit(),
+                (true, Some(left)) => store.logged.flush_within(left),
+                (false, Some(left)) => store.logged.commit_within(left),
             };
             done.map_err(|source| self.store_error(store, source))?;
         }
@@ -482,11 +486,7 @@ mod tests {
     struct Counting(Arc<AtomicU64>);
 
     impl Processor for Counting {
-        fn process(
-            &mut self,
-            _: &mut Context<'_>,
-            record: &Record<'_>,
-        ) -> Result<(), BoxError> {
+        fn process(&mut self, _: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
             if record.key == Some(b"panic") {
                 panic!("the processor's own panic");
             }
@@ -513,10 +513,7 @@ mod tests {
         let calls = Arc::new(AtomicU64::new(0));
         let counter = calls.clone();
         let factory: ProcessorFactory = Arc::new(move |_| Box::new(Counting(counter.clone())));
-        let committed = committed
-            .iter()
-            .map(|(t, o)| (t.to_string(), *o))
-            .collect();
+        let committed = committed.iter().map(|(t, o)| (t.to_string(), *o)).collect();
         let task = Task::start(
             TaskId { partition: 0 },
             &[],
@@ -543,7 +540,11 @@ mod tests {
         for offset in [1, 2, 3] {
             task.process(&producer, &record(offset, b"k")).unwrap();
         }
-        assert_eq!(calls.load(Ordering::Relaxed), 4, "offsets 1 and 2 came twice");
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            4,
+            "offsets 1 and 2 came twice"
+        );
     }
 
     /// Offsets reused after the input log was truncated (an unclean leader election) or reset
@@ -564,7 +565,11 @@ mod tests {
     fn a_failed_offset_commit_leaves_the_offset_pending_and_a_good_one_clears_it() {
         let (mut task, producer, _) = task(&[("input", 10)]);
         let mut tpl = TopicPartitionList::new();
-        assert_eq!(task.pending_offsets(&mut tpl), 0, "starts at its committed offset");
+        assert_eq!(
+            task.pending_offsets(&mut tpl),
+            0,
+            "starts at its committed offset"
+        );
         assert_eq!(task.current_offsets(&mut tpl), 1, "but knows it");
         task.process(&producer, &record(10, b"k")).unwrap();
         let mut sent = TopicPartitionList::new();
@@ -580,7 +585,11 @@ mod tests {
         let (mut task, producer, _) = task(&[]);
         let error = task.process(&producer, &record(7, b"panic")).unwrap_err();
         match error {
-            TaskError::Panicked { task, step, message } => {
+            TaskError::Panicked {
+                task,
+                step,
+                message,
+            } => {
                 assert_eq!(task, TaskId { partition: 0 });
                 assert_eq!(
                     step,
@@ -595,6 +604,10 @@ mod tests {
             other => panic!("expected Panicked, got {other}"),
         }
         let mut tpl = TopicPartitionList::new();
-        assert_eq!(task.pending_offsets(&mut tpl), 0, "the panicking record is not processed");
+        assert_eq!(
+            task.pending_offsets(&mut tpl),
+            0,
+            "the panicking record is not processed"
+        );
     }
 }

@@ -143,7 +143,12 @@ mod tests {
     fn a_stream_time_timer_fires_once_per_interval_of_stream_time_on_its_grid() {
         let mut timers = Timers::default();
         let now = Instant::now();
-        let id = timers.schedule(TimeKind::StreamTime, Duration::from_millis(10), now, Some(100));
+        let id = timers.schedule(
+            TimeKind::StreamTime,
+            Duration::from_millis(10),
+            now,
+            Some(100),
+        );
         assert!(timers.due(now, Some(105)).is_empty(), "not due before 110");
         let fired = timers.due(now, Some(110));
         assert_eq!(ids(&fired), vec![id.0]);
@@ -163,7 +168,10 @@ mod tests {
         let now = Instant::now();
         timers.schedule(TimeKind::StreamTime, Duration::from_millis(10), now, None);
         assert!(timers.due(now, None).is_empty(), "no stream time yet");
-        assert!(timers.due(now, Some(1_000)).is_empty(), "first firing at 1010");
+        assert!(
+            timers.due(now, Some(1_000)).is_empty(),
+            "first firing at 1010"
+        );
         assert_eq!(timers.due(now, Some(1_010)).len(), 1);
     }
 

@@ -61,7 +61,10 @@ impl ConsumerContext for WorkerContext {
         err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
-        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
         let partitions = partitions_of(tpl);
         let mut core = lock(&self.core);
         match err {
@@ -81,7 +84,7 @@ impl ConsumerContext for WorkerContext {
                                 worker,
                                 operation: "assign",
                                 inputs: format!("{partitions:?}"),
-                                source,
+                                source: Box::new(source),
                             },
                         );
                     }

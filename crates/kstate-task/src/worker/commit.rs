@@ -67,7 +67,10 @@ pub(crate) trait CommitPath: Send {
 }
 
 /// The commit path of `config`'s guarantee, with a new producer.
-pub(crate) fn for_config(config: &AppConfig, worker: usize) -> Result<Box<dyn CommitPath>, TaskError> {
+pub(crate) fn for_config(
+    config: &AppConfig,
+    worker: usize,
+) -> Result<Box<dyn CommitPath>, TaskError> {
     Ok(match config.guarantee {
         crate::config::ProcessingGuarantee::AtLeastOnce => Box::new(AtLeastOnce {
             worker,
@@ -109,11 +112,17 @@ impl CommitPath for AtLeastOnce {
             task.prepare_commit(&self.producer)?;
         }
         self.producer
-            .flush(self.timeout)
+            .flush(self.timeout.saturating_sub(started.elapsed()))
             .map_err(|e| TaskError::producer(self.worker, e))?;
+        // A revocation's commit is bounded as a whole; a periodic one waits as long as a store's
+        // changelog may take (and a stuck one poisons the store).
+        let deadline = match occasion {
+            Occasion::Periodic => None,
+            Occasion::Ending => Some(started + self.timeout),
+        };
         let mut offsets = TopicPartitionList::new();
         for task in tasks.iter_mut() {
-            task.commit_stores()?;
+            task.commit_stores(deadline)?;
             match occasion {
                 Occasion::Periodic => task.pending_offsets(&mut offsets),
                 Occasion::Ending => task.current_offsets(&mut offsets),
@@ -124,7 +133,9 @@ impl CommitPath for AtLeastOnce {
                 // Confirmed by the commit callback.
                 Ok(()) => {}
                 // Not fatal: the stores are committed, and the offsets stay pending.
-                Err(e) => tracing::warn!(worker = self.worker, error = %e, ?occasion, "input offset commit failed; the offsets stay pending"),
+                Err(e) => {
+                    tracing::warn!(worker = self.worker, error = %e, ?occasion, "input offset commit failed; the offsets stay pending")
+                }
             }
         }
         metrics::histogram!("kstate_task_commit_seconds").record(started.elapsed().as_secs_f64());

@@ -40,12 +40,16 @@ const DEAD_LETTER_PARTITION: &str = "__streams.errors.partition";
 const DEAD_LETTER_OFFSET: &str = "__streams.errors.offset";
 const DEAD_LETTER_TASK: &str = "__kstate.errors.task";
 
-/// Exactly-once: a record whose own failure an abort undid; when it comes again, the error
-/// policy handles it instead of the processor.
+/// Exactly-once: a record whose own failure an abort undid; each time it comes again until
+/// a transaction that carries its offset commits, the error policy handles it instead of the
+/// processor. It is kept until then, as a later record's failure aborts the transaction that
+/// holds its dead letter too, and the input replays it once more.
 struct FailedRecord {
     input: InputPartition,
     offset: i64,
     error: TaskError,
+    /// The error policy took it in the open transaction.
+    applied: bool,
 }
 
 /// A worker's state.
@@ -54,12 +58,14 @@ pub(crate) struct Core {
     app: Arc<AppShared>,
     path: Box<dyn CommitPath>,
     pub(crate) slots: Slots,
-    jobs: Sender<Job>,
+    /// Restore jobs go to the worker's restorer; `None` once the worker ends (the restorer
+    /// ends when the channel closes).
+    jobs: Option<Sender<Job>>,
     next_job: u64,
     pub(crate) health: Health,
     losses: ProducerLosses,
     retries: Retries,
-    failed_record: Option<FailedRecord>,
+    failed_records: Vec<FailedRecord>,
     /// Restores in a row per task whose stores disagreed with their changelogs.
     restores: BTreeMap<i32, u32>,
     /// After an abort: nothing is processed before this.
@@ -80,12 +86,12 @@ impl Core {
             slots: Slots::new(index, app.clone()),
             app,
             path,
-            jobs,
+            jobs: Some(jobs),
             next_job: 0,
             health: Health::Ok,
             losses: ProducerLosses::default(),
             retries: Retries::default(),
-            failed_record: None,
+            failed_records: Vec::new(),
             restores: BTreeMap::new(),
             backoff_until: None,
             awaiting_commit: false,
@@ -159,7 +165,11 @@ impl Core {
         };
         self.slots
             .begin_restore(partition, self.next_job, cancel, progress);
-        if self.jobs.send(job).is_err() {
+        let sent = self
+            .jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok());
+        if !sent {
             self.fail(TaskError::Thread {
                 name: format!("kstate-restorer-{}", self.index),
                 message: "the restorer thread stopped".into(),
@@ -210,6 +220,9 @@ impl Core {
         // A task's inputs still held here are paused: the task no longer runs.
         touched.sort_unstable();
         touched.dedup();
+        // Its next owner meets its failing records on its own.
+        self.failed_records
+            .retain(|f| !touched.contains(&f.input.partition));
         let still_held: Vec<InputPartition> = self
             .slots
             .held()
@@ -238,6 +251,7 @@ impl Core {
             Ok(Committed::Done) => {
                 self.retries.committed();
                 self.awaiting_commit = !shared;
+                self.failed_records.retain(|f| !f.applied);
                 (true, false)
             }
             Ok(Committed::Aborted(why)) => {
@@ -439,13 +453,15 @@ impl Core {
     }
 
     fn process(&mut self, input: &dyn Input, record: &Record<'_>) {
-        if self.failed_record.as_ref().is_some_and(|f| {
+        if let Some(i) = self.failed_records.iter().position(|f| {
             f.input.partition == record.partition
                 && f.input.topic == record.topic
                 && f.offset == record.offset
-        }) && let Some(failed) = self.failed_record.take()
-        {
-            self.apply_policy(record, failed.error);
+        }) {
+            let mut failed = self.failed_records.swap_remove(i);
+            self.skip_or_dead_letter(record, &failed.error);
+            failed.applied = true;
+            self.failed_records.push(failed);
             return;
         }
         let Core { slots, path, .. } = self;
@@ -497,6 +513,7 @@ impl Core {
             Ok(Committed::Done) => {
                 self.retries.committed();
                 self.restores.clear();
+                self.failed_records.retain(|f| !f.applied);
             }
             Ok(Committed::Aborted(why)) => {
                 tracing::warn!(worker = self.index, reason = %why, "transaction aborted; tasks start over from their committed offsets");
@@ -508,7 +525,11 @@ impl Core {
 
     /// The result of an asynchronous offset commit: on success the tasks know the group holds
     /// their offsets; on failure the offsets stay pending and the next commit sends them again.
-    pub(crate) fn offsets_committed(&mut self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+    pub(crate) fn offsets_committed(
+        &mut self,
+        result: KafkaResult<()>,
+        offsets: &TopicPartitionList,
+    ) {
         self.awaiting_commit = false;
         match result {
             Ok(()) => {
@@ -525,7 +546,12 @@ impl Core {
     // ----- failures -----
 
     /// A task failed, on `record` if a record was being processed.
-    pub(crate) fn task_failed(&mut self, input: &dyn Input, record: Option<&Record<'_>>, error: TaskError) {
+    pub(crate) fn task_failed(
+        &mut self,
+        input: &dyn Input,
+        record: Option<&Record<'_>>,
+        error: TaskError,
+    ) {
         match classify(&error) {
             Failure::Record => match record {
                 Some(record) if self.app.config.error_policy != ErrorPolicy::Fail => {
@@ -533,16 +559,17 @@ impl Core {
                         // Undo the record's partial effects first; when it comes again, the
                         // policy takes it (inside the transaction that carries its offset).
                         tracing::warn!(worker = self.index, error = %error, "a record failed: aborting, then the error policy takes it");
-                        self.failed_record = Some(FailedRecord {
+                        self.failed_records.push(FailedRecord {
                             input: InputPartition::new(record.topic, record.partition),
                             offset: record.offset,
                             error,
+                            applied: false,
                         });
                         if self.abandon("a record failed") {
                             self.rewind(input);
                         }
                     } else {
-                        self.apply_policy(record, error);
+                        self.skip_or_dead_letter(record, &error);
                     }
                 }
                 _ => self.fail(error),
@@ -601,6 +628,10 @@ impl Core {
             Err(e) => return self.fail(e),
         };
         metrics::counter!("kstate_task_rewinds").increment(1);
+        // The abort dropped the dead letters of the open transaction: each comes again.
+        for failed in &mut self.failed_records {
+            failed.applied = false;
+        }
         for p in ids {
             let Some(offsets) = self.start_offsets(input, p, &committed) else {
                 return;
@@ -655,14 +686,15 @@ impl Core {
         }
     }
 
-    /// The application's error policy takes a record that failed on its own account.
-    fn apply_policy(&mut self, record: &Record<'_>, error: TaskError) {
+    /// A record that failed on its own account is skipped, or sent to the dead-letter topic
+    /// and skipped, as the error policy says. Callers take [`ErrorPolicy::Fail`] first (the
+    /// worker fails); were it to come here, the record would be skipped.
+    fn skip_or_dead_letter(&mut self, record: &Record<'_>, error: &TaskError) {
         let task = TaskId {
             partition: record.partition,
         };
         match &self.app.config.error_policy {
-            ErrorPolicy::Fail => self.fail(error),
-            ErrorPolicy::LogAndContinue => {
+            ErrorPolicy::Fail | ErrorPolicy::LogAndContinue => {
                 tracing::warn!(worker = self.index, %task, topic = record.topic, offset = record.offset, error = %error, "skipping a record that failed");
                 metrics::counter!("kstate_task_skipped_records").increment(1);
                 if let Some(t) = self.slots.task_mut(record.partition) {
@@ -676,7 +708,7 @@ impl Core {
                 let offset = record.offset.to_string();
                 let task_name = task.to_string();
                 let headers: [(&str, &[u8]); 6] = [
-                    (DEAD_LETTER_EXCEPTION, kind_of(&error).as_bytes()),
+                    (DEAD_LETTER_EXCEPTION, kind_of(error).as_bytes()),
                     (DEAD_LETTER_MESSAGE, message.as_bytes()),
                     (DEAD_LETTER_TOPIC, record.topic.as_bytes()),
                     (DEAD_LETTER_PARTITION, partition.as_bytes()),
@@ -717,13 +749,17 @@ impl Core {
         if let Health::ProducerLost(why) = &self.health {
             tracing::info!(worker = self.index, reason = %why, "replacing the producer");
         }
-        let dropped = self.slots.drop_all();
-        drop(dropped);
-        self.failed_record = None;
+        self.slots.drop_all();
+        self.failed_records.clear();
         match self.path.renew(&self.app.config) {
             Ok(()) => self.health.recovered(),
             Err(e) => self.fail(e),
         }
+    }
+
+    /// The worker ends: no more restores, and its restorer thread ends after its job.
+    pub(crate) fn stop_restorer(&mut self) {
+        self.jobs = None;
     }
 
     /// Shutting down (or failed): every task is ended as by a revocation.

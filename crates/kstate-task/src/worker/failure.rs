@@ -83,6 +83,8 @@ fn store_failure(error: &kstate_core::Error) -> Failure {
                 Failure::Fatal
             }
         }
+        // A bounded commit that gave up: the store is fine, its changelog slow.
+        kstate_core::Error::Timeout { .. } => Failure::Transient,
         kstate_core::Error::Decode { .. }
         | kstate_core::Error::Encode { .. }
         | kstate_core::Error::InvalidArgument { .. } => Failure::Record,
@@ -216,7 +218,7 @@ mod tests {
         let store = |source| TaskError::Store {
             task: TASK,
             store: "s".into(),
-            source,
+            source: Box::new(source),
         };
         let foreign = poisoned(PoisonReason::ForeignWrite {
             expected_offset: 1,

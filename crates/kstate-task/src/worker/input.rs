@@ -69,7 +69,7 @@ fn input_error(
         operation,
         topic,
         partition,
-        source,
+        source: Box::new(source),
     }
 }
 

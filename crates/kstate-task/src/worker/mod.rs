@@ -57,9 +57,11 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
 
+use crate::config::{AppConfig, GroupProtocol};
 use crate::error::TaskError;
 use crate::ids::Record;
 use crate::restorer::{Done, Job};
@@ -89,9 +91,9 @@ pub(crate) fn run(
         worker: index,
         operation,
         inputs: inputs.clone(),
-        source,
+        source: Box::new(source),
     };
-    let mut client = crate::app::consumer_config(config);
+    let mut client = consumer_config(config);
     if let Some(id) = config.group_instance_id(index) {
         client.set("group.instance.id", id);
     }
@@ -189,9 +191,9 @@ pub(crate) fn run(
             drop(core);
             consumer.unsubscribe();
             lock(&state).slots.clear();
-            consumer
-                .subscribe(&topics)
-                .map_err(|source| consumer_error("subscribe again after losing the producer", source))?;
+            consumer.subscribe(&topics).map_err(|source| {
+                consumer_error("subscribe again after losing the producer", source)
+            })?;
         }
     }
 
@@ -205,20 +207,106 @@ pub(crate) fn run(
     while core.awaiting_commit && Instant::now() < deadline {
         drop(core);
         if let Some(Ok(message)) = consumer.poll(Duration::from_millis(50)) {
-            tracing::debug!(worker = index, offset = message.offset(), "record after the last commit, left to the next owner");
+            tracing::debug!(
+                worker = index,
+                offset = message.offset(),
+                "record after the last commit, left to the next owner"
+            );
         }
         core = lock(&state);
     }
     if core.awaiting_commit {
-        tracing::warn!(worker = index, "the last offset commit was not answered within the revocation timeout; the next owner may replay some records");
+        tracing::warn!(
+            worker = index,
+            "the last offset commit was not answered within the revocation timeout; the next owner may replay some records"
+        );
     }
     let health = std::mem::replace(&mut core.health, health::Health::Ok);
+    // The consumer's callbacks hold the core until it closes, maybe on a thread of its own.
+    core.stop_restorer();
     drop(core);
     // Leaving the group revokes nothing left: every task is ended.
     consumer.unsubscribe();
-    drop(consumer);
+    close_consumer(
+        consumer,
+        deadline.max(Instant::now() + CLOSE_AT_LEAST),
+        index,
+    );
     match health.into_failure() {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// The least time a consumer is given to close, even when the last commit took up the
+/// revocation timeout: enough for a broker that answers to take its leave request.
+const CLOSE_AT_LEAST: Duration = Duration::from_secs(1);
+
+/// Closes the consumer (librdkafka's last revocation, then leaving the group) until
+/// `deadline`. librdkafka waits for the answers to its outstanding requests (the last offset
+/// commit, the leave request) before it closes, for as long as the socket timeout (60 s by
+/// default); a consumer not closed by the deadline is handed to a thread of its own that
+/// finishes closing it, so that the worker, and `Running::wait`, end in bounded time.
+fn close_consumer(consumer: BaseConsumer<WorkerContext>, deadline: Instant, worker: usize) {
+    match consumer.close_queue() {
+        Ok(()) => {
+            while !consumer.closed() && Instant::now() < deadline {
+                // Records fetched before the close belong to no task any more.
+                let _ = consumer.poll(Duration::from_millis(50));
+            }
+            if consumer.closed() {
+                return;
+            }
+            tracing::warn!(
+                worker,
+                "the consumer did not close in time (the broker does not answer); it finishes closing in the background"
+            );
+        }
+        Err(e) => {
+            tracing::warn!(worker, error = %e, "closing the consumer failed; it is dropped in the background");
+        }
+    }
+    let closing = std::thread::Builder::new()
+        .name(format!("kstate-close-{worker}"))
+        .spawn(move || drop(consumer));
+    if let Err(e) = closing {
+        // The consumer went with the closure, closed on this thread.
+        tracing::warn!(worker, error = %e, "no thread to close the consumer in; it closed on the worker's");
+    }
+}
+
+/// The client settings every input consumer gets.
+fn consumer_config(config: &AppConfig) -> ClientConfig {
+    let mut client = config.client.client_config();
+    client
+        .set("group.id", &config.application_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        // Outputs of an exactly-once upstream must not be read before they commit.
+        .set("isolation.level", "read_committed")
+        // Consumer lag per task, as a metric (see the worker's statistics callback).
+        .set("statistics.interval.ms", "5000")
+        // A partition resumed after its restore joins the next fetch request, which waits for
+        // the one in flight: while the other partitions are quiet that one is held by the broker
+        // for up to this long (librdkafka's default is 500 ms, which a failover measured as
+        // 500 ms more darkness). An idle worker sends 10 fetches a second instead of 2.
+        .set("fetch.wait.max.ms", "100");
+    match config.group_protocol {
+        GroupProtocol::CooperativeSticky => {
+            client.set("partition.assignment.strategy", "cooperative-sticky");
+        }
+        GroupProtocol::Eager => {
+            client.set("partition.assignment.strategy", "range");
+        }
+        GroupProtocol::Consumer => {
+            client
+                .set("group.protocol", "consumer")
+                .set("group.remote.assignor", "range");
+        }
+    }
+    for (key, value) in &config.consumer_properties {
+        client.set(key, value);
+    }
+    client
 }

@@ -270,8 +270,7 @@ impl Slots {
         };
         held.remove(&ip.topic);
         if !held.is_empty() {
-            self.slots
-                .insert(ip.partition, Slot::Incomplete { held });
+            self.slots.insert(ip.partition, Slot::Incomplete { held });
         }
         match slot {
             Slot::Incomplete { .. } => Released::Nothing,
@@ -289,8 +288,7 @@ impl Slots {
 
     /// Every restore and task is dropped; the slots keep the partitions they hold (the producer
     /// was lost: the worker rejoins, and the group hands them out again).
-    pub(crate) fn drop_all(&mut self) -> Vec<Box<Task>> {
-        let mut tasks = Vec::new();
+    pub(crate) fn drop_all(&mut self) {
         let partitions: Vec<i32> = self.slots.keys().copied().collect();
         for p in partitions {
             let slot = self.slots.remove(&p);
@@ -305,13 +303,13 @@ impl Slots {
                 }
                 Some(Slot::Running(task)) => {
                     self.app.registry.remove(self.worker, p);
-                    tasks.push(task);
+                    // Its stores close here: nothing of the lost transaction is applied.
+                    drop(task);
                     self.slots.insert(p, self.all_held(p));
                 }
                 None => {}
             }
         }
-        tasks
     }
 
     /// Running → out of its slot (its stores disagree with their changelogs): the caller drops
