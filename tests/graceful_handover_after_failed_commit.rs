@@ -28,17 +28,14 @@
 
 mod common;
 
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::streams::{produce, wait_for};
 use kstate::kstate_core::BoxError;
 use kstate::kstate_task::{App, Context, GroupProtocol, Processor, Record, Running, TaskState};
 use kstate_test_broker::{PrivateBroker, unique_topic};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{Offset, TopicPartitionList};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// Records per attempt: the processor takes about 6 s for them, inside the pause.
@@ -46,31 +43,9 @@ const BATCH: usize = 3_000;
 const PAUSE: Duration = Duration::from_secs(10);
 const ATTEMPTS: usize = 5;
 
-/// Every log line of this test process: kstate's, and librdkafka's through rdkafka's `tracing`.
+/// Every log line of this test binary: kstate's, and librdkafka's through rdkafka's `tracing`.
 fn captured_logs() -> &'static Mutex<Vec<u8>> {
-    static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        struct Capture;
-        impl Write for Capture {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                captured_logs()
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(|| Capture)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
-        Mutex::new(Vec::new())
-    })
+    common::captured_logs(tracing::Level::DEBUG)
 }
 
 fn log_len() -> usize {
@@ -88,24 +63,6 @@ fn log_lines(from: usize, parts: &[&str]) -> Vec<String> {
         .filter(|line| parts.iter().all(|part| line.contains(part)))
         .map(str::to_string)
         .collect()
-}
-
-/// The group's committed offset of `topic` partition 0, as the broker has it.
-fn committed_offset(servers: &str, group: &str, topic: &str) -> anyhow::Result<Option<i64>> {
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, 0);
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
-    Ok(
-        match committed.find_partition(topic, 0).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) => Some(o),
-            _ => None,
-        },
-    )
 }
 
 /// Counts every record it processes in `processed` (shared by the processors of all members),
@@ -197,7 +154,7 @@ async fn a_graceful_handover_after_a_failed_offset_commit_repeats_no_record() ->
         eprintln!(
             "attempt {attempt}: {} commits refused as stale; the group's offset {:?} of {produced}",
             stale.len(),
-            committed_offset(&servers, &app_id, &input)?
+            common::failures::committed_offset(&servers, &app_id, &input)?
         );
         if !stale.is_empty() {
             failed = true;
@@ -221,7 +178,7 @@ async fn a_graceful_handover_after_a_failed_offset_commit_repeats_no_record() ->
         Ok(b.tasks().iter().any(|t| t.state == TaskState::Running))
     })?;
     wait_for("the group's offset at the end of the input", WAIT, || {
-        Ok(committed_offset(&servers, &app_id, &input)? == Some(produced as i64))
+        Ok(common::failures::committed_offset(&servers, &app_id, &input)? == Some(produced as i64))
     })?;
     let again: u64 = b.tasks().iter().map(|t| t.processed).sum();
     let total = processed.load(Ordering::Acquire);

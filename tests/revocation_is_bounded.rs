@@ -30,8 +30,6 @@ use kstate::kstate_task::{
     App, AppBuilder, Context, Processor, Record, Running, StoreHandle, StoreOptions,
 };
 use kstate_test_broker::{PrivateBroker, unique_topic};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{Offset, TopicPartitionList};
 
 const REVOCATION: Duration = Duration::from_secs(2);
 /// How long `wait()` may take after `shutdown()`: generous.
@@ -53,24 +51,6 @@ fn records(n: usize) -> Vec<(i32, Vec<u8>, Vec<u8>)> {
     (0..n)
         .map(|i| (0, format!("key-{}", i % 10).into_bytes(), b"v".to_vec()))
         .collect()
-}
-
-/// The group's committed offset of `topic` partition 0.
-fn committed_offset(servers: &str, group: &str, topic: &str) -> anyhow::Result<Option<i64>> {
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", servers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, 0);
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
-    Ok(
-        match committed.find_partition(topic, 0).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) => Some(o),
-            _ => None,
-        },
-    )
 }
 
 /// Shuts `running` down and checks that `wait()` returns within `LIMIT`.
@@ -105,7 +85,7 @@ async fn shutdown_with_uncommitted_offsets_ends_while_the_broker_stands_still() 
         Ok(read_topic(&servers, &output, 1)?.len() >= 100)
     })?;
     anyhow::ensure!(
-        committed_offset(&servers, &app_id, &input)?.is_none(),
+        common::failures::committed_offset(&servers, &app_id, &input)?.is_none(),
         "the input offsets were committed before the pause"
     );
     broker.pause()?;

@@ -13,9 +13,8 @@ mod common;
 mod count;
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
@@ -31,29 +30,7 @@ use kstate_test_broker::{SecureBroker, unique_topic};
 
 /// Every log line of this test binary: kstate's, and librdkafka's through rdkafka's `tracing`.
 fn captured_logs() -> &'static Mutex<Vec<u8>> {
-    static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        struct Capture;
-        impl Write for Capture {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                captured_logs()
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(|| Capture)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
-        Mutex::new(Vec::new())
-    })
+    common::captured_logs(tracing::Level::TRACE)
 }
 
 /// The secured broker and its SASL_SSL client properties, with librdkafka's debug logging of

@@ -505,22 +505,8 @@ fn wait_for_counts(
 /// Whether some partition of `topic` has records of an open transaction: its last stable offset
 /// (what a read_committed query answers) below its high watermark.
 fn has_open_transaction(servers: &str, topic: &str) -> anyhow::Result<bool> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let client = |isolation| -> anyhow::Result<BaseConsumer> {
-        Ok(rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", servers)
-            .set("isolation.level", isolation)
-            .create()?)
-    };
-    let (uncommitted, committed) = (client("read_uncommitted")?, client("read_committed")?);
     for p in 0..PARTITIONS {
-        let high = uncommitted
-            .fetch_watermarks(topic, p, Duration::from_secs(10))?
-            .1;
-        let stable = committed
-            .fetch_watermarks(topic, p, Duration::from_secs(10))?
-            .1;
-        if stable < high {
+        if common::failures::has_open_transaction(servers, topic, p)? {
             return Ok(true);
         }
     }

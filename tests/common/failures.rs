@@ -74,3 +74,23 @@ pub fn has_open_transaction(servers: &str, topic: &str, partition: i32) -> anyho
         .1;
     Ok(stable < high)
 }
+
+/// The group's committed offset of `topic` partition 0, as the broker has it.
+pub fn committed_offset(servers: &str, group: &str, topic: &str) -> anyhow::Result<Option<i64>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, 0);
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
+    Ok(
+        match committed.find_partition(topic, 0).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        },
+    )
+}

@@ -249,3 +249,35 @@ pub fn open_reporting(
     );
     Ok((store, report))
 }
+
+/// Every log line of this test process (kstate's, and librdkafka's through rdkafka's
+/// `tracing`) at `level` and above, from the first call on: a global subscriber, so the first
+/// call's level holds for the whole test binary.
+pub fn captured_logs(level: tracing::Level) -> &'static Mutex<Vec<u8>> {
+    use std::io::Write;
+    use std::sync::OnceLock;
+    static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        struct Capture;
+        impl Write for Capture {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                if let Some(logs) = LOGS.get() {
+                    logs.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .extend_from_slice(bytes);
+                }
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(|| Capture)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+        Mutex::new(Vec::new())
+    })
+}
