@@ -25,9 +25,9 @@
 //! session timeout while the producer writes again, so that the others take over its tasks
 //! while keeping theirs, and comes back. Two inputs with the default protocol; three inputs with
 //! two stores and two threads per copy; the repartition topology; two inputs with
-//! `GroupProtocol::Consumer` on a broker of its own whose consumer-group session timeout is 6 s. Exact sequences, no copy
-//! exits by itself or fails, every copy stops cleanly on SIGTERM, and no log names a foreign
-//! write (two writers of one changelog partition).
+//! `GroupProtocol::Consumer` on a broker of its own whose consumer-group session timeout is
+//! 6 s. Exact sequences, no copy exits by itself or fails, every copy stops cleanly on SIGTERM,
+//! and no log names a foreign write (two writers of one changelog partition).
 //!
 //! The zombie timer test: one copy ticks (a wall-clock timer writing a store and sending an
 //! output, no input records) and is paused right after a commit, with nothing open in its
