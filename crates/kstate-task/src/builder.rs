@@ -181,7 +181,11 @@ impl AppBuilder {
     /// The most a commit may wait for the broker: the outputs' and changelogs'
     /// acknowledgements, the offsets, the transaction (under exactly-once, at most the
     /// transaction timeout). A revocation whose commit does not complete in time drops its
-    /// tasks without a commit (their input is then replayed by the next owner). Default 30 s.
+    /// tasks without a commit (their input is then replayed by the next owner). A shutdown is
+    /// bounded by it too: the last offset commit's answer is waited for up to this long, leaving
+    /// the group until the same deadline (at least 1 s), and a consumer that has not closed by
+    /// then (the broker does not answer) finishes closing on a thread of its own, so that
+    /// `Running::wait` returns. Default 30 s.
     pub fn revocation_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.config.revocation_timeout = timeout;
         self
