@@ -41,7 +41,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::cache::CoalescingStore;
 use crate::config::{ProcessorFactory, StoreSpec};
 use crate::error::{ProcessorStep, TaskError, panic_message};
-use crate::ids::{Record, TaskId};
+use crate::ids::{InputPartition, Record, TaskId};
 use crate::processor::{Context, Latest, Processor};
 use crate::stores::TaskStore;
 use crate::timers::Timers;
@@ -438,6 +438,14 @@ impl Task {
             n += add_offset(tpl, topic, self.id.partition, at.next);
         }
         n
+    }
+
+    /// Every input offset the task knows, by partition: what its last commit sends.
+    pub(crate) fn positions(&self) -> Vec<(InputPartition, i64)> {
+        self.offsets
+            .iter()
+            .map(|(topic, at)| (InputPartition::new(topic, self.id.partition), at.next))
+            .collect()
     }
 
     /// The group now holds these offsets (a commit that included them succeeded).

@@ -130,7 +130,10 @@ impl CommitPath for AtLeastOnce {
         }
         if offsets.count() > 0 {
             match input.commit(&offsets, CommitMode::Async) {
-                // Confirmed by the commit callback.
+                // A periodic commit is not confirmed (rust-rdkafka 0.39 calls no commit callback
+                // for it, fede1024/rust-rdkafka#856): its offsets stay pending and every commit
+                // sends them again. The last one is confirmed from the group's offsets
+                // (`Core::confirm_last_commit`).
                 Ok(()) => {}
                 // Not fatal: the stores are committed, and the offsets stay pending.
                 Err(e) => {

@@ -10,8 +10,9 @@ use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use kstate_kafka::CancelToken;
-use rdkafka::TopicPartitionList;
+use rdkafka::consumer::CommitMode;
 use rdkafka::error::KafkaResult;
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::ErrorPolicy;
 use crate::error::TaskError;
@@ -30,6 +31,9 @@ use crate::worker::slots::{Buffered, Released, Slots};
 /// A task whose stores keep disagreeing with their changelog after this many restores in a row
 /// (without a commit in between) fails the worker.
 const MAX_RESTORES: u32 = 3;
+
+/// How often the last offset commit is looked for in the group's offsets.
+pub(crate) const CONFIRM_RETRY: Duration = Duration::from_millis(50);
 
 /// Kafka Streams' dead-letter headers (KIP-1034), so that tools made for its dead-letter
 /// queues read ours; and the task, which it does not name.
@@ -70,8 +74,9 @@ pub(crate) struct Core {
     restores: BTreeMap<i32, u32>,
     /// After an abort: nothing is processed before this.
     pub(crate) backoff_until: Option<Instant>,
-    /// At-least-once: the last offset commit of ending tasks has not been answered yet.
-    pub(crate) awaiting_commit: bool,
+    /// At-least-once: the offsets of the last commit of ending tasks, until the group is seen
+    /// to hold them ([`confirm_last_commit`](Self::confirm_last_commit)).
+    pub(crate) unconfirmed: Option<Vec<(InputPartition, i64)>>,
 }
 
 impl Core {
@@ -94,7 +99,7 @@ impl Core {
             failed_records: Vec::new(),
             restores: BTreeMap::new(),
             backoff_until: None,
-            awaiting_commit: false,
+            unconfirmed: None,
         }
     }
 
@@ -247,10 +252,13 @@ impl Core {
             .into_iter()
             .filter(|t| shared || ending.contains(&t.id.partition))
             .collect();
+        let sent: Vec<(InputPartition, i64)> = tasks.iter().flat_map(|t| t.positions()).collect();
         match path.commit(&mut tasks, input, Occasion::Ending) {
             Ok(Committed::Done) => {
                 self.retries.committed();
-                self.awaiting_commit = !shared;
+                if !shared {
+                    self.unconfirmed = Some(sent);
+                }
                 self.failed_records.retain(|f| !f.applied);
                 (true, false)
             }
@@ -525,14 +533,16 @@ impl Core {
 
     /// The result of an asynchronous offset commit: on success the tasks know the group holds
     /// their offsets; on failure the offsets stay pending and the next commit sends them again.
+    /// (The commit callback that brings it is not called by rust-rdkafka 0.39,
+    /// fede1024/rust-rdkafka#856; until it is, every commit sends every offset.)
     pub(crate) fn offsets_committed(
         &mut self,
         result: KafkaResult<()>,
         offsets: &TopicPartitionList,
     ) {
-        self.awaiting_commit = false;
         match result {
             Ok(()) => {
+                self.unconfirmed = None;
                 for task in self.slots.running() {
                     task.offsets_committed(offsets);
                 }
@@ -765,7 +775,60 @@ impl Core {
     /// Shutting down (or failed): every task is ended as by a revocation.
     pub(crate) fn end(&mut self, input: &dyn Input) {
         let held = self.slots.held();
+        // Only the last commit is confirmed: earlier revocations' partitions are others' now.
+        self.unconfirmed = None;
         self.revoked(input, &held, false);
+    }
+
+    /// At-least-once, after [`end`](Self::end): whether the group holds the offsets of the
+    /// last commit, asked of the group coordinator until `deadline`; a commit the group does not
+    /// hold (it failed) is sent again. The answer to an asynchronous commit cannot be waited
+    /// for instead: rust-rdkafka 0.39 gives no commit callback for `CommitMode::Async`
+    /// (fede1024/rust-rdkafka#856), and a synchronous commit waits without a time limit. The
+    /// coordinator answers one connection's requests in order, so an offset fetch sent after
+    /// the commit sees it unless it failed.
+    pub(crate) fn confirm_last_commit(&mut self, input: &dyn Input, deadline: Instant) -> bool {
+        let Some(sent) = self.unconfirmed.take() else {
+            return true;
+        };
+        let partitions: Vec<InputPartition> = sent.iter().map(|(p, _)| p.clone()).collect();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match input.committed(&partitions, left.max(Duration::from_millis(1))) {
+                Ok(held)
+                    if sent
+                        .iter()
+                        .all(|(p, o)| held.get(p).is_some_and(|h| h >= o)) =>
+                {
+                    return true;
+                }
+                Ok(_) => {
+                    tracing::warn!(
+                        worker = self.index,
+                        "the group does not hold the last offset commit; it is sent again"
+                    );
+                    let mut tpl = TopicPartitionList::new();
+                    for (p, offset) in &sent {
+                        let _ = tpl.add_partition_offset(
+                            &p.topic,
+                            p.partition,
+                            Offset::Offset(*offset),
+                        );
+                    }
+                    if let Err(e) = input.commit(&tpl, CommitMode::Async) {
+                        tracing::warn!(worker = self.index, error = %e, "sending the last offset commit again failed");
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(worker = self.index, error = %e, "the committed offsets could not be fetched");
+                }
+            }
+            if Instant::now() + CONFIRM_RETRY >= deadline {
+                self.unconfirmed = Some(sent);
+                return false;
+            }
+            std::thread::sleep(CONFIRM_RETRY);
+        }
     }
 
     pub(crate) fn restoring_any(&self) -> bool {

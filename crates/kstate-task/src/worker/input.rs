@@ -37,8 +37,9 @@ pub(crate) trait Input {
         partition: &InputPartition,
         timeout: Duration,
     ) -> Result<(i64, i64), TaskError>;
-    /// Commits offsets to the group (at-least-once); an asynchronous commit's result comes
-    /// through the commit callback.
+    /// Commits offsets to the group (at-least-once). An asynchronous commit's result would come
+    /// through the commit callback, which rust-rdkafka 0.39 never calls for one
+    /// (fede1024/rust-rdkafka#856): the last commit is confirmed from [`committed`](Self::committed).
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()>;
     /// The member's group metadata, for a transaction's offsets (exactly-once).
     fn group_metadata(&self) -> Option<ConsumerGroupMetadata>;

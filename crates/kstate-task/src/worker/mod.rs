@@ -200,25 +200,13 @@ pub(crate) fn run(
     // Shutting down (or failed): a final commit, the stores closed, then the group left.
     let mut core = lock(&state);
     core.end(&consumer);
-    // The ending tasks' offsets are committed asynchronously: their answer is waited for (in
-    // the poll that serves it) up to the revocation timeout; records polled meanwhile belong to
-    // no running task and are left to the next owner.
+    // The ending tasks' offsets are committed asynchronously: the group is asked whether it
+    // holds them, up to the revocation timeout.
     let deadline = Instant::now() + config.revocation_timeout;
-    while core.awaiting_commit && Instant::now() < deadline {
-        drop(core);
-        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(50)) {
-            tracing::debug!(
-                worker = index,
-                offset = message.offset(),
-                "record after the last commit, left to the next owner"
-            );
-        }
-        core = lock(&state);
-    }
-    if core.awaiting_commit {
+    if !core.confirm_last_commit(&consumer, deadline) {
         tracing::warn!(
             worker = index,
-            "the last offset commit was not answered within the revocation timeout; the next owner may replay some records"
+            "the last offset commit was not confirmed within the revocation timeout; the next owner may replay some records"
         );
     }
     let health = std::mem::replace(&mut core.health, health::Health::Ok);

@@ -51,6 +51,8 @@ struct FakeInput {
     commits: RefCell<Vec<Commit>>,
     committed_asked: Cell<usize>,
     fail_committed: Cell<bool>,
+    /// This many commits from now on never reach the group (they failed).
+    lose_commits: Cell<usize>,
 }
 
 impl FakeInput {
@@ -115,8 +117,13 @@ impl Input for FakeInput {
 
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()> {
         let offsets = offsets_of(offsets);
-        // The fake's commits succeed at once (the callback's confirmation is the tests' to give).
-        self.group.borrow_mut().extend(offsets.iter().cloned());
+        // The fake's commits succeed at once (the callback's confirmation is the tests' to give),
+        // unless they are to be lost.
+        if self.lose_commits.get() > 0 {
+            self.lose_commits.set(self.lose_commits.get() - 1);
+        } else {
+            self.group.borrow_mut().extend(offsets.iter().cloned());
+        }
         self.commits.borrow_mut().push((offsets, mode));
         Ok(())
     }
@@ -373,10 +380,7 @@ fn losing_one_input_of_a_running_task_commits_and_closes_it_and_pauses_its_other
         matches!(mode, CommitMode::Async),
         "never a commit without a time limit"
     );
-    assert!(
-        h.core.awaiting_commit,
-        "its answer is waited for at shutdown"
-    );
+    assert!(h.core.unconfirmed.is_some(), "it is confirmed at shutdown");
     assert!(offsets.contains(&(ip("a", 0), 1)) && offsets.contains(&(ip("b", 0), 1)));
     assert!(
         h.input.is_paused(&ip("a", 0)),
@@ -753,4 +757,64 @@ fn another_workers_removal_never_removes_this_workers_task_from_the_registry() {
         (statuses[0].worker, statuses[0].state),
         (1, TaskState::Running)
     );
+}
+
+#[test]
+fn the_last_commit_is_confirmed_from_the_groups_offsets_without_a_commit_callback() {
+    let mut h = harness(
+        &["a", "b"],
+        ProcessingGuarantee::AtLeastOnce,
+        ErrorPolicy::Fail,
+    );
+    h.assign_and_restore(&[ip("a", 0), ip("b", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"k"));
+    h.core.record(&h.input, &record("b", 0, 4, b"k"));
+    h.core.end(&h.input);
+    let asked = h.input.committed_asked.get();
+    // No commit callback: rust-rdkafka 0.39 gives none for an asynchronous commit.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    assert!(h.core.confirm_last_commit(&h.input, deadline));
+    assert_eq!(
+        h.input.committed_asked.get(),
+        asked + 1,
+        "one offset fetch confirms it"
+    );
+    assert_eq!(h.input.commits.borrow().len(), 1, "nothing sent again");
+    assert!(h.core.unconfirmed.is_none());
+}
+
+#[test]
+fn a_last_commit_the_group_does_not_hold_is_sent_again_until_it_does() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"k"));
+    h.input.lose_commits.set(2);
+    h.core.end(&h.input);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    assert!(h.core.confirm_last_commit(&h.input, deadline));
+    let commits = h.input.commits.borrow();
+    assert_eq!(
+        commits.len(),
+        3,
+        "the lost commit and its first resend, then one that lands"
+    );
+    assert!(
+        commits
+            .iter()
+            .all(|(offsets, _)| offsets == &vec![(ip("a", 0), 1)])
+    );
+    assert_eq!(h.input.group.borrow().get(&ip("a", 0)), Some(&1));
+}
+
+#[test]
+fn a_last_commit_never_confirmed_gives_up_at_the_deadline() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    h.core.record(&h.input, &record("a", 0, 0, b"k"));
+    h.input.fail_committed.set(true);
+    h.core.end(&h.input);
+    let deadline = std::time::Instant::now() + Duration::from_millis(200);
+    assert!(!h.core.confirm_last_commit(&h.input, deadline));
+    assert!(std::time::Instant::now() >= deadline - super::core::CONFIRM_RETRY);
+    assert!(h.core.unconfirmed.is_some(), "still unconfirmed");
 }

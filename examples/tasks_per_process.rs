@@ -1,0 +1,266 @@
+//! tasks_per_process: what many tasks cost one process. A count-by-key application with
+//! `--stores` stores per task (each counts every record of its task) runs on an input of
+//! `--partitions` partitions, so the process holds that many tasks; it is started on an empty
+//! state directory ("fresh"), stopped, and started again on the state it left ("restart", nothing
+//! to replay but the tail the last commit left). For each start it prints the time until every
+//! task is running (and, fresh, until every record is processed), the resident memory, threads,
+//! open file descriptors, RocksDB instances (store directories) and the budget's memtable and
+//! cache usage:
+//!
+//! ```text
+//! cargo run --release --example tasks_per_process -- --partitions 1000 [--stores 3] \
+//!     [--records-per-partition 10] [--threads 2] [--bootstrap-servers HOST:PORT] [--log LEVEL]
+//! tasks-open n=<N> start=fresh running_s=<s> processed_s=<s>
+//! tasks-open n=<N> start=restart running_s=<s>
+//! tasks-resources n=<N> start=<fresh|restart> rss_mb=<MB> threads=<n> fds=<n> rocksdb=<n> \
+//!     memtable_mb=<MB> cache_mb=<MB> budget_mb=<MB>
+//! tasks-close n=<N> start=<fresh|restart> close_s=<s>
+//! ```
+//!
+//! The topics (input, output, changelogs) and the state directory are deleted at the end.
+//! `$KAFKA_BOOTSTRAP_SERVERS` names the broker when `--bootstrap-servers` does not. Linux only
+//! (it reads `/proc/self`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use kstate::kstate_core::BoxError;
+use kstate::kstate_kafka::ClientProperties;
+use kstate::kstate_rocksdb::MemoryBudget;
+use kstate::kstate_task::{
+    App, AppState, Context, Processor, Record, Running, StoreHandle, StoreOptions, TaskState,
+};
+use kstate_bench::flags::Flags;
+use kstate_bench::kafka::{create_topic, delete_topics, producer, send};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
+
+/// Counts every record of its task in each of its stores.
+struct CountInEvery {
+    stores: Vec<StoreHandle<Vec<u8>, u64>>,
+    output: String,
+}
+
+impl Processor for CountInEvery {
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        let key = record.key.unwrap_or_default().to_vec();
+        let mut count = 0;
+        for handle in &self.stores {
+            let store = ctx.store(handle);
+            count = store.get(&key)?.unwrap_or(0) + 1;
+            store.put(&key, &count)?;
+        }
+        ctx.send(&self.output, &key, Some(count.to_string().as_bytes()))?;
+        Ok(())
+    }
+}
+
+struct Bench {
+    client: ClientProperties,
+    application_id: String,
+    input: String,
+    output: String,
+    partitions: i32,
+    stores: usize,
+    threads: usize,
+    state_dir: tempfile::TempDir,
+}
+
+fn main() -> Result<()> {
+    // The runtime's warnings (and, with `--log info`, its story) go to stderr.
+    let flags = Flags::parse(std::env::args().skip(1))?;
+    let level: tracing::Level = flags.optional("log").unwrap_or("warn").parse()?;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .init();
+    let client = kstate_bench::cluster::required(None, flags.optional("bootstrap-servers"))?;
+    let partitions: i32 = flags.number("partitions", None)?;
+    let per_partition: u64 = flags.number("records-per-partition", Some(10))?;
+    let run = format!("tasks-{partitions}-{}", std::process::id());
+    let bench = Bench {
+        client,
+        application_id: run.clone(),
+        input: format!("{run}-in"),
+        output: format!("{run}-out"),
+        partitions,
+        stores: flags.number("stores", Some(3))?,
+        threads: flags.number("threads", Some(2))?,
+        state_dir: tempfile::tempdir()?,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(bench.setup(per_partition)).and_then(|()| {
+        let rows = per_partition * partitions as u64;
+        bench.start("fresh", Some(rows))?;
+        bench.start("restart", None)
+    });
+    let mut topics = vec![bench.input.clone(), bench.output.clone()];
+    topics.extend((0..bench.stores).map(|s| format!("{}-s{s}-changelog", bench.application_id)));
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    if let Err(e) = runtime.block_on(delete_topics(bench.client.clone(), &topics)) {
+        eprintln!("tasks_per_process: could not delete {topics:?}: {e}");
+    }
+    result
+}
+
+impl Bench {
+    /// The input, with `per_partition` records in every partition, and the output.
+    async fn setup(&self, per_partition: u64) -> Result<()> {
+        let started = Instant::now();
+        create_topic(self.client.clone(), &self.input, self.partitions, &[]).await?;
+        create_topic(self.client.clone(), &self.output, self.partitions, &[]).await?;
+        let producer = producer(self.client.clone(), 5, DefaultProducerContext)?;
+        for partition in 0..self.partitions {
+            for i in 0..per_partition {
+                let key = format!("k{}", i % 4);
+                send(
+                    &producer,
+                    BaseRecord::to(&self.input)
+                        .partition(partition)
+                        .key(key.as_bytes())
+                        .payload(&b"v"[..]),
+                );
+            }
+        }
+        producer.flush(Duration::from_secs(120))?;
+        ensure!(producer.in_flight_count() == 0, "input not acknowledged");
+        eprintln!(
+            "tasks_per_process: {} partitions, {per_partition} records each, in {} ms",
+            self.partitions,
+            started.elapsed().as_millis()
+        );
+        Ok(())
+    }
+
+    fn app(&self) -> Result<App> {
+        let mut builder = App::builder(&self.application_id, self.client.clone());
+        builder
+            .input(&self.input)
+            .state_dir(self.state_dir.path())
+            .threads(self.threads);
+        let stores: Vec<StoreHandle<Vec<u8>, u64>> = (0..self.stores)
+            .map(|s| builder.store(format!("s{s}"), StoreOptions::default()))
+            .collect();
+        let output = self.output.clone();
+        Ok(builder.build(move |_task| {
+            Box::new(CountInEvery {
+                stores: stores.clone(),
+                output: output.clone(),
+            })
+        })?)
+    }
+
+    /// Starts the application, waits until every task runs (and, given `rows`, until that many
+    /// records are processed), prints what it measured and stops it.
+    fn start(&self, name: &str, rows: Option<u64>) -> Result<()> {
+        let app = self.app()?;
+        let started = Instant::now();
+        let running = app.start()?;
+        let result = self.measure(name, rows, started, &running);
+        let stopping = Instant::now();
+        running.shutdown();
+        running.wait().map_err(|e| anyhow::anyhow!("{e}"))?;
+        println!(
+            "tasks-close n={} start={name} close_s={:.2}",
+            self.partitions,
+            stopping.elapsed().as_secs_f64()
+        );
+        result
+    }
+
+    fn measure(
+        &self,
+        name: &str,
+        rows: Option<u64>,
+        started: Instant,
+        running: &Running,
+    ) -> Result<()> {
+        let n = self.partitions as usize;
+        let deadline = started + Duration::from_secs(600);
+        let until = |done: &dyn Fn(&Running) -> bool, what: &str| -> Result<Duration> {
+            loop {
+                if done(running) {
+                    return Ok(started.elapsed());
+                }
+                if let AppState::Failed(e) = running.state() {
+                    bail!("{name} start failed: {e}");
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "{name} start: not {what} in 600 s"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let all_running = until(
+            &|r| {
+                let tasks = r.tasks();
+                tasks.len() == n && tasks.iter().all(|t| t.state == TaskState::Running)
+            },
+            "every task running",
+        )?;
+        let mut line = format!(
+            "tasks-open n={n} start={name} running_s={:.2}",
+            all_running.as_secs_f64()
+        );
+        if let Some(rows) = rows {
+            let processed = until(
+                &|r| r.tasks().iter().map(|t| t.processed).sum::<u64>() >= rows,
+                "every record processed",
+            )?;
+            line += &format!(" processed_s={:.2}", processed.as_secs_f64());
+        }
+        println!("{line}");
+        let budget = MemoryBudget::process_default();
+        let mb = |bytes: usize| bytes as f64 / f64::from(1 << 20);
+        println!(
+            "tasks-resources n={n} start={name} rss_mb={:.0} threads={} fds={} rocksdb={} \
+             memtable_mb={:.0} cache_mb={:.0} budget_mb={:.0}",
+            mb(rss_bytes()?),
+            proc_status("Threads")?,
+            std::fs::read_dir("/proc/self/fd")?.count(),
+            rocksdb_instances(self.state_dir.path())?,
+            mb(budget.memtable_usage()),
+            mb(budget.cache_usage()),
+            mb(budget.total_bytes()),
+        );
+        Ok(())
+    }
+}
+
+/// A field of `/proc/self/status`, its first number.
+fn proc_status(field: &str) -> Result<usize> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))
+        .with_context(|| format!("no {field} in /proc/self/status"))?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("no number")?
+        .parse()?)
+}
+
+fn rss_bytes() -> Result<usize> {
+    Ok(proc_status("VmRSS")? << 10)
+}
+
+/// Directories under `dir` that hold a RocksDB (a `CURRENT` file).
+fn rocksdb_instances(dir: &Path) -> Result<usize> {
+    let mut count = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                pending.push(entry.path());
+            } else if entry.file_name() == "CURRENT" {
+                count += 1;
+            }
+        }
+    }
+    Ok(count)
+}
