@@ -46,6 +46,12 @@ use crate::processor::{Context, Latest, Processor};
 use crate::stores::TaskStore;
 use crate::timers::Timers;
 
+/// How long an offset an asynchronous commit sent is not sent again without a confirmation.
+/// rust-rdkafka 0.39 confirms none (fede1024/rust-rdkafka#856), so this is how often an idle
+/// task's offset is committed again, in case the commit failed unseen; a revocation and the
+/// shutdown commit every offset anyway, and the shutdown's is confirmed from the group.
+pub(crate) const RESEND_UNCONFIRMED: Duration = Duration::from_secs(10);
+
 /// One input partition's offsets, as the task knows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct InputOffset {
@@ -53,6 +59,8 @@ struct InputOffset {
     next: i64,
     /// The offset the group holds, as far as this task knows.
     committed: Option<i64>,
+    /// The offset an asynchronous commit sent, and when; not confirmed (yet).
+    sent: Option<(i64, Instant)>,
     /// Resumed, and no record at or past `next` arrived since.
     catching_up: bool,
 }
@@ -146,6 +154,7 @@ impl Task {
                 let at = InputOffset {
                     next: offset,
                     committed: Some(offset),
+                    sent: None,
                     catching_up: false,
                 };
                 (topic.clone(), at)
@@ -266,6 +275,7 @@ impl Task {
                 let at = InputOffset {
                     next,
                     committed: None,
+                    sent: None,
                     catching_up: false,
                 };
                 self.offsets.insert(record.topic.to_string(), at);
@@ -423,7 +433,10 @@ impl Task {
     pub(crate) fn pending_offsets(&self, tpl: &mut TopicPartitionList) -> usize {
         let mut n = 0;
         for (topic, at) in &self.offsets {
-            if at.committed != Some(at.next) {
+            let in_flight = at
+                .sent
+                .is_some_and(|(o, when)| o == at.next && when.elapsed() < RESEND_UNCONFIRMED);
+            if at.committed != Some(at.next) && !in_flight {
                 n += add_offset(tpl, topic, self.id.partition, at.next);
             }
         }
@@ -446,6 +459,47 @@ impl Task {
             .iter()
             .map(|(topic, at)| (InputPartition::new(topic, self.id.partition), at.next))
             .collect()
+    }
+
+    /// An asynchronous commit sent these offsets: they are not pending again until
+    /// [`RESEND_UNCONFIRMED`] has passed without a confirmation, or the commit failed.
+    pub(crate) fn offsets_sent(&mut self, tpl: &TopicPartitionList) {
+        let now = Instant::now();
+        for (offset, at) in self.own(tpl) {
+            at.sent = Some((offset, now));
+        }
+    }
+
+    /// An asynchronous commit of these offsets failed: they are pending again.
+    pub(crate) fn offsets_commit_failed(&mut self, tpl: &TopicPartitionList) {
+        for (offset, at) in self.own(tpl) {
+            if at.sent.is_some_and(|(o, _)| o == offset) {
+                at.sent = None;
+            }
+        }
+    }
+
+    /// This task's entries of `tpl` with their offsets.
+    fn own<'a>(
+        &'a mut self,
+        tpl: &'a TopicPartitionList,
+    ) -> impl Iterator<Item = (i64, &'a mut InputOffset)> + 'a {
+        let partition = self.id.partition;
+        let offsets = &mut self.offsets;
+        let mut wanted: Vec<(String, i64)> = Vec::new();
+        for element in tpl.elements() {
+            if element.partition() == partition
+                && let Offset::Offset(offset) = element.offset()
+            {
+                wanted.push((element.topic().to_string(), offset));
+            }
+        }
+        offsets.iter_mut().filter_map(move |(topic, at)| {
+            wanted
+                .iter()
+                .find(|(t, _)| t == topic)
+                .map(|(_, offset)| (*offset, at))
+        })
     }
 
     /// The group now holds these offsets (a commit that included them succeeded).

@@ -130,11 +130,15 @@ impl CommitPath for AtLeastOnce {
         }
         if offsets.count() > 0 {
             match input.commit(&offsets, CommitMode::Async) {
-                // A periodic commit is not confirmed (rust-rdkafka 0.39 calls no commit callback
-                // for it, fede1024/rust-rdkafka#856): its offsets stay pending and every commit
-                // sends them again. The last one is confirmed from the group's offsets
+                // Not confirmed (rust-rdkafka 0.39 calls no commit callback for it,
+                // fede1024/rust-rdkafka#856): sent again after `RESEND_UNCONFIRMED` if no record
+                // moves it. The last one is confirmed from the group's offsets
                 // (`Core::confirm_last_commit`).
-                Ok(()) => {}
+                Ok(()) => {
+                    for task in tasks.iter_mut() {
+                        task.offsets_sent(&offsets);
+                    }
+                }
                 // Not fatal: the stores are committed, and the offsets stay pending.
                 Err(e) => {
                     tracing::warn!(worker = self.worker, error = %e, ?occasion, "input offset commit failed; the offsets stay pending")

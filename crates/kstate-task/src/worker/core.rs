@@ -534,7 +534,8 @@ impl Core {
     /// The result of an asynchronous offset commit: on success the tasks know the group holds
     /// their offsets; on failure the offsets stay pending and the next commit sends them again.
     /// (The commit callback that brings it is not called by rust-rdkafka 0.39,
-    /// fede1024/rust-rdkafka#856; until it is, every commit sends every offset.)
+    /// fede1024/rust-rdkafka#856; until it is, an unconfirmed offset is sent again after
+    /// [`RESEND_UNCONFIRMED`](crate::task::RESEND_UNCONFIRMED).)
     pub(crate) fn offsets_committed(
         &mut self,
         result: KafkaResult<()>,
@@ -548,6 +549,9 @@ impl Core {
                 }
             }
             Err(e) => {
+                for task in self.slots.running() {
+                    task.offsets_commit_failed(offsets);
+                }
                 tracing::warn!(worker = self.index, error = %e, "input offset commit failed; the next commit sends the offsets again");
             }
         }
