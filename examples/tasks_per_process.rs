@@ -9,7 +9,8 @@
 //!
 //! ```text
 //! cargo run --release --example tasks_per_process -- --partitions 1000 [--stores 3] \
-//!     [--records-per-partition 10] [--threads 2] [--bootstrap-servers HOST:PORT] [--log LEVEL]
+//!     [--records-per-partition 10] [--threads 2] [--restore-threads 2] \
+//!     [--bootstrap-servers HOST:PORT] [--log LEVEL]
 //! tasks-open n=<N> start=fresh running_s=<s> processed_s=<s>
 //! tasks-open n=<N> start=restart running_s=<s>
 //! tasks-resources n=<N> start=<fresh|restart> rss_mb=<MB> threads=<n> fds=<n> rocksdb=<n> \
@@ -63,6 +64,7 @@ struct Bench {
     partitions: i32,
     stores: usize,
     threads: usize,
+    restore_threads: usize,
     state_dir: tempfile::TempDir,
 }
 
@@ -86,6 +88,7 @@ fn main() -> Result<()> {
         partitions,
         stores: flags.number("stores", Some(3))?,
         threads: flags.number("threads", Some(2))?,
+        restore_threads: flags.number("restore-threads", Some(2))?,
         state_dir: tempfile::tempdir()?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -139,7 +142,8 @@ impl Bench {
         builder
             .input(&self.input)
             .state_dir(self.state_dir.path())
-            .threads(self.threads);
+            .threads(self.threads)
+            .restore_threads(self.restore_threads);
         let stores: Vec<StoreHandle<Vec<u8>, u64>> = (0..self.stores)
             .map(|s| builder.store(format!("s{s}"), StoreOptions::default()))
             .collect();

@@ -38,12 +38,20 @@ impl App {
         for index in 0..shared.config.threads {
             let (jobs, job_rx) = std::sync::mpsc::channel();
             let (done, done_rx) = std::sync::mpsc::channel();
-            let options = shared.config.rocksdb.clone();
-            let listener = shared.config.restore_listener.clone();
-            let restorer = std::thread::Builder::new()
-                .name(format!("kstate-restorer-{index}"))
-                .spawn(move || crate::restorer::run(job_rx, done, options, listener))
-                .map_err(|e| thread_error(format!("kstate-restorer-{index}"), e))?;
+            let job_rx = Arc::new(Mutex::new(job_rx));
+            let mut restorers = Vec::new();
+            for r in 0..shared.config.restore_threads {
+                let options = shared.config.rocksdb.clone();
+                let listener = shared.config.restore_listener.clone();
+                let (job_rx, done) = (job_rx.clone(), done.clone());
+                let name = format!("kstate-restorer-{index}-{r}");
+                let restorer = std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || crate::restorer::run(job_rx, done, options, listener))
+                    .map_err(|e| thread_error(name, e))?;
+                restorers.push(restorer);
+            }
+            drop(done);
             let app = shared.clone();
             let worker = std::thread::Builder::new()
                 .name(format!("kstate-worker-{index}"))
@@ -63,9 +71,11 @@ impl App {
                         // One failed worker stops the application: a restart restores.
                         app.failed(Arc::new(e));
                     }
-                    // The worker dropped its job sender: the restorer ends after its job.
-                    if restorer.join().is_err() {
-                        tracing::error!(worker = index, "the restorer thread panicked");
+                    // The worker dropped its job sender: each restorer ends after its job.
+                    for restorer in restorers {
+                        if restorer.join().is_err() {
+                            tracing::error!(worker = index, "a restorer thread panicked");
+                        }
                     }
                 })
                 .map_err(|e| thread_error(format!("kstate-worker-{index}"), e))?;

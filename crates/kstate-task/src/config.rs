@@ -180,6 +180,8 @@ pub(crate) struct AppConfig {
     pub(crate) inputs: Vec<String>,
     pub(crate) state_dir: PathBuf,
     pub(crate) threads: usize,
+    /// Restorer threads per worker.
+    pub(crate) restore_threads: usize,
     pub(crate) commit_interval: Duration,
     pub(crate) replication_factor: i32,
     /// Resolved at build: never cooperative-sticky with several inputs.

@@ -4,14 +4,19 @@
 //! (`max.poll.interval.ms`).
 //!
 //! One job per task, in assignment order; a revoked task's job is cancelled through its token.
+//! A worker has [`AppBuilder::restore_threads`](crate::AppBuilder::restore_threads) restorer
+//! threads (default 2) on one job channel, so that the tasks of a new assignment restore side by
+//! side: a restore with nothing to replay is mostly waiting for the broker (its topic check and
+//! end offsets), and a failover that moves several tasks no longer readies them one after
+//! another.
 //! A job that panics (a user's [`RestoreListener`] can) answers with [`TaskError::Thread`]: the
 //! worker never waits for an answer that cannot come.
-//! The thread keeps one set of Kafka clients for all its restores ([`RestoreClients`]): a cold
+//! Each thread keeps one set of Kafka clients for all its restores ([`RestoreClients`]): a cold
 //! set costs about a second per store, which a failover that moves many tasks would pay for each.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kstate_kafka::{
@@ -100,15 +105,21 @@ fn restore_one(
     }
 }
 
-/// Runs jobs until the job channel closes.
+/// Runs jobs until the job channel closes. Several restorer threads of one worker share its
+/// channel: each takes the next job when it is free.
 pub(crate) fn run(
-    jobs: Receiver<Job>,
+    jobs: Arc<Mutex<Receiver<Job>>>,
     done: Sender<Done>,
     options: RocksDbOptions,
     listener: Option<Arc<dyn RestoreListener>>,
 ) {
     let mut clients = None;
-    for job in jobs {
+    loop {
+        // The lock is held only while waiting for a job, never while restoring.
+        let next = jobs.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        let Ok(job) = next else {
+            return;
+        };
         if job.cancel.is_cancelled() {
             continue;
         }

@@ -148,6 +148,16 @@ impl Core {
     }
 
     fn start_restore(&mut self, partition: i32) {
+        if self.jobs.is_none() {
+            // The worker is ending (its consumer closing): an assignment that arrives now is
+            // left to the next owner; it is no failure.
+            tracing::debug!(
+                worker = self.index,
+                partition,
+                "assigned while ending; not restored"
+            );
+            return;
+        }
         let progress = Arc::new(Progress::new());
         let cancel = CancelToken::new();
         self.next_job += 1;
@@ -337,7 +347,7 @@ impl Core {
             .iter()
             .flat_map(|(task, _, _)| self.slots.inputs_of(task.partition))
             .collect();
-        let committed = match input.committed(&partitions, self.timeout()) {
+        let positions = match self.positions(input, &partitions) {
             Ok(c) => c,
             Err(e) => {
                 for (task, _, _) in ready {
@@ -353,7 +363,7 @@ impl Core {
                 self.slots.restore_failed(p);
                 continue;
             }
-            let Some(offsets) = self.start_offsets(input, p, &committed) else {
+            let Some(offsets) = self.start_offsets(p, &positions) else {
                 self.slots.restore_failed(p);
                 continue;
             };
@@ -403,31 +413,48 @@ impl Core {
     /// Task `p`'s next offset per input: the committed one, or where the consumer starts a
     /// partition without one (`auto.offset.reset`). `None` (and the worker failed) if the
     /// watermarks could not be read.
+    /// Where each of `partitions` starts: the group's committed offset, or for one without,
+    /// the log's start (or end, by `auto.offset.reset`). Two requests for all of them: one
+    /// offset fetch, one list-offsets round.
+    fn positions(
+        &self,
+        input: &dyn Input,
+        partitions: &[InputPartition],
+    ) -> Result<BTreeMap<InputPartition, i64>, TaskError> {
+        let mut positions = input.committed(partitions, self.timeout())?;
+        let fresh: Vec<InputPartition> = partitions
+            .iter()
+            .filter(|ip| !positions.contains_key(ip))
+            .cloned()
+            .collect();
+        if !fresh.is_empty() {
+            let latest = self.app.config.starts_at_latest();
+            positions.extend(input.log_starts(&fresh, latest, self.timeout())?);
+        }
+        Ok(positions)
+    }
+
+    /// Task `partition`'s start offset per input topic, from [`positions`](Self::positions).
     fn start_offsets(
         &mut self,
-        input: &dyn Input,
         partition: i32,
-        committed: &BTreeMap<InputPartition, i64>,
+        positions: &BTreeMap<InputPartition, i64>,
     ) -> Option<BTreeMap<String, i64>> {
         let mut offsets = BTreeMap::new();
         for ip in self.slots.inputs_of(partition) {
-            let offset = match committed.get(&ip) {
-                Some(offset) => *offset,
-                None => match input.watermarks(&ip, self.timeout()) {
-                    Ok((low, high)) => {
-                        if self.app.config.starts_at_latest() {
-                            high
-                        } else {
-                            low
-                        }
-                    }
-                    Err(e) => {
-                        self.fail(e);
-                        return None;
-                    }
-                },
+            let Some(offset) = positions.get(&ip) else {
+                let error = TaskError::Input {
+                    operation: "ask where the input starts",
+                    topic: ip.topic.clone(),
+                    partition: ip.partition,
+                    source: Box::new(rdkafka::error::KafkaError::OffsetFetch(
+                        rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition,
+                    )),
+                };
+                self.fail(error);
+                return None;
             };
-            offsets.insert(ip.topic, offset);
+            offsets.insert(ip.topic, *offset);
         }
         Some(offsets)
     }
@@ -637,7 +664,7 @@ impl Core {
         }
         let partitions: Vec<InputPartition> =
             ids.iter().flat_map(|p| self.slots.inputs_of(*p)).collect();
-        let committed = match input.committed(&partitions, self.timeout()) {
+        let positions = match self.positions(input, &partitions) {
             Ok(c) => c,
             Err(e) => return self.fail(e),
         };
@@ -647,7 +674,7 @@ impl Core {
             failed.applied = false;
         }
         for p in ids {
-            let Some(offsets) = self.start_offsets(input, p, &committed) else {
+            let Some(offsets) = self.start_offsets(p, &positions) else {
                 return;
             };
             let Core {

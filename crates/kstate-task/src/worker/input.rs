@@ -31,12 +31,15 @@ pub(crate) trait Input {
         partitions: &[InputPartition],
         timeout: Duration,
     ) -> Result<BTreeMap<InputPartition, i64>, TaskError>;
-    /// The low and high watermarks of `partition`.
-    fn watermarks(
+    /// Where each of `partitions` starts (`latest`: ends), all in one round of list-offsets
+    /// requests (one per partition leader): a fresh assignment of a thousand partitions asks
+    /// once, not a thousand times, each behind the fetch the broker is holding.
+    fn log_starts(
         &self,
-        partition: &InputPartition,
+        partitions: &[InputPartition],
+        latest: bool,
         timeout: Duration,
-    ) -> Result<(i64, i64), TaskError>;
+    ) -> Result<BTreeMap<InputPartition, i64>, TaskError>;
     /// Commits offsets to the group (at-least-once). An asynchronous commit's result would come
     /// through the commit callback, which rust-rdkafka 0.39 never calls for one
     /// (fede1024/rust-rdkafka#856): the last commit is confirmed from [`committed`](Self::committed).
@@ -128,13 +131,45 @@ impl<C: ConsumerContext> Input for rdkafka::consumer::BaseConsumer<C> {
         Ok(offsets)
     }
 
-    fn watermarks(
+    fn log_starts(
         &self,
-        partition: &InputPartition,
+        partitions: &[InputPartition],
+        latest: bool,
         timeout: Duration,
-    ) -> Result<(i64, i64), TaskError> {
-        self.fetch_watermarks(&partition.topic, partition.partition, timeout)
-            .map_err(|e| input_error("fetch the watermarks", std::slice::from_ref(partition), e))
+    ) -> Result<BTreeMap<InputPartition, i64>, TaskError> {
+        if partitions.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        // ListOffsets' own timestamps: -2 the earliest offset, -1 the latest.
+        let at = if latest {
+            Offset::End
+        } else {
+            Offset::Beginning
+        };
+        let mut query = TopicPartitionList::new();
+        for p in partitions {
+            query
+                .add_partition_offset(&p.topic, p.partition, at)
+                .map_err(|e| input_error("ask where the inputs start", partitions, e))?;
+        }
+        let found = self
+            .offsets_for_times(query, timeout)
+            .map_err(|e| input_error("ask where the inputs start", partitions, e))?;
+        let mut starts = BTreeMap::new();
+        for element in found.elements() {
+            let partition = InputPartition::new(element.topic(), element.partition());
+            if let Err(e) = element.error() {
+                return Err(input_error(
+                    "ask where the input starts",
+                    std::slice::from_ref(&partition),
+                    e,
+                ));
+            }
+            if let Offset::Offset(offset) = element.offset() {
+                starts.insert(partition, offset);
+            }
+        }
+        Ok(starts)
     }
 
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()> {

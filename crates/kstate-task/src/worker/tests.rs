@@ -51,6 +51,7 @@ struct FakeInput {
     commits: RefCell<Vec<Commit>>,
     committed_asked: Cell<usize>,
     fail_committed: Cell<bool>,
+    log_starts_asked: Cell<usize>,
     /// This many commits from now on never reach the group (they failed).
     lose_commits: Cell<usize>,
 }
@@ -111,8 +112,15 @@ impl Input for FakeInput {
             .collect())
     }
 
-    fn watermarks(&self, _: &InputPartition, _: Duration) -> Result<(i64, i64), TaskError> {
-        Ok((0, 1_000))
+    fn log_starts(
+        &self,
+        partitions: &[InputPartition],
+        latest: bool,
+        _: Duration,
+    ) -> Result<BTreeMap<InputPartition, i64>, TaskError> {
+        self.log_starts_asked.set(self.log_starts_asked.get() + 1);
+        let at = if latest { 1_000 } else { 0 };
+        Ok(partitions.iter().map(|p| (p.clone(), at)).collect())
     }
 
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) -> KafkaResult<()> {
@@ -837,4 +845,37 @@ fn an_unconfirmed_offset_commit_is_not_sent_again_at_every_commit() {
     h.core.commit(&h.input);
     let (sent, _) = h.input.commits.borrow().last().cloned().unwrap();
     assert_eq!(sent, vec![(ip("a", 0), 2)]);
+}
+
+#[test]
+fn a_fresh_assignment_asks_where_its_inputs_start_once_not_per_task() {
+    let mut h = harness(
+        &["a", "b"],
+        ProcessingGuarantee::AtLeastOnce,
+        ErrorPolicy::Fail,
+    );
+    let partitions: Vec<InputPartition> = (0..8).flat_map(|p| [ip("a", p), ip("b", p)]).collect();
+    h.assign_and_restore(&partitions);
+    assert!((0..8).all(|p| h.running(p)));
+    assert_eq!(
+        h.input.log_starts_asked.get(),
+        1,
+        "one query for 16 partitions"
+    );
+    // Each task starts at the log's start (the fake's 0).
+    h.core.record(&h.input, &record("a", 3, 0, b"k"));
+    h.core.commit(&h.input);
+    let (sent, _) = h.input.commits.borrow().last().cloned().unwrap();
+    assert!(sent.contains(&(ip("a", 3), 1)));
+}
+
+#[test]
+fn an_assignment_while_the_worker_ends_is_no_failure() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.core.end(&h.input);
+    h.core.stop_restorer();
+    // Closing the consumer may still hand over an assignment of a rebalance under way.
+    h.core.assigned(&h.input, &[ip("a", 0)]);
+    assert!(h.core.health.is_ok(), "the worker did not fail");
+    assert!(!h.running(0));
 }
