@@ -34,7 +34,9 @@ use kstate::kstate_task::{
 };
 use kstate_bench::flags::Flags;
 use kstate_bench::kafka::{create_topic, delete_topics, producer, send};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
+use rdkafka::{Offset, TopicPartitionList};
 
 /// Counts every record of its task in each of its stores.
 struct CountInEvery {
@@ -65,6 +67,8 @@ struct Bench {
     stores: usize,
     threads: usize,
     restore_threads: usize,
+    /// How long a start may take before the run gives up.
+    deadline: Duration,
     state_dir: tempfile::TempDir,
 }
 
@@ -89,6 +93,7 @@ fn main() -> Result<()> {
         stores: flags.number("stores", Some(3))?,
         threads: flags.number("threads", Some(2))?,
         restore_threads: flags.number("restore-threads", Some(2))?,
+        deadline: Duration::from_secs(flags.number("deadline-s", Some(600))?),
         state_dir: tempfile::tempdir()?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -182,7 +187,7 @@ impl Bench {
         running: &Running,
     ) -> Result<()> {
         let n = self.partitions as usize;
-        let deadline = started + Duration::from_secs(600);
+        let deadline = started + self.deadline;
         let until = |done: &dyn Fn(&Running) -> bool, what: &str| -> Result<Duration> {
             loop {
                 if done(running) {
@@ -193,7 +198,8 @@ impl Bench {
                 }
                 ensure!(
                     Instant::now() < deadline,
-                    "{name} start: not {what} in 600 s"
+                    "{name} start: not {what} in {:?}",
+                    self.deadline
                 );
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -210,8 +216,14 @@ impl Bench {
             all_running.as_secs_f64()
         );
         if let Some(rows) = rows {
+            // The group's committed input offsets, not the tasks' own counts: a task that moved
+            // between the workers in a rebalance counts only what it processed where it runs now.
+            let group = self.group_reader()?;
             let processed = until(
-                &|r| r.tasks().iter().map(|t| t.processed).sum::<u64>() >= rows,
+                &|_| {
+                    self.committed_total(&group)
+                        .is_ok_and(|total| total >= rows)
+                },
                 "every record processed",
             )?;
             line += &format!(" processed_s={:.2}", processed.as_secs_f64());
@@ -231,6 +243,35 @@ impl Bench {
             mb(budget.total_bytes()),
         );
         Ok(())
+    }
+}
+
+impl Bench {
+    /// A client of the application's consumer group that only reads its committed offsets.
+    fn group_reader(&self) -> Result<BaseConsumer> {
+        let mut config = self.client.client_config();
+        config
+            .set("group.id", &self.application_id)
+            .set("enable.auto.commit", "false");
+        Ok(config.create()?)
+    }
+
+    /// The sum of the group's committed offsets over the input's partitions (every partition
+    /// starts at 0): the records processed and committed.
+    fn committed_total(&self, group: &BaseConsumer) -> Result<u64> {
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..self.partitions {
+            tpl.add_partition(&self.input, p);
+        }
+        let committed = group.committed_offsets(tpl, Duration::from_secs(10))?;
+        Ok(committed
+            .elements()
+            .iter()
+            .map(|e| match e.offset() {
+                Offset::Offset(o) => u64::try_from(o).unwrap_or(0),
+                _ => 0,
+            })
+            .sum())
     }
 }
 

@@ -58,6 +58,7 @@ mod cache;
 mod config;
 mod error;
 mod ids;
+mod open_files;
 mod partitioner;
 mod processor;
 mod restorer;
