@@ -11,7 +11,7 @@
 //!   the application with [`TaskError::Panicked`], and nothing of the record is committed under
 //!   exactly-once.
 //! - `threads` workers, each one group member with one producer shared by all its tasks' stores
-//!   and outputs, and a restorer thread: new partitions are paused and restored while the worker
+//!   and outputs, and restorer threads: new partitions are paused and restored while the worker
 //!   keeps processing its other tasks (the `worker` module's docs say how rebalances are
 //!   handled).
 //! - At-least-once commit every `commit_interval`: outputs acknowledged, stores committed, input

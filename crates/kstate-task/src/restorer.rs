@@ -1,5 +1,5 @@
-//! The restorer thread of a worker: restores the stores of newly assigned tasks while the worker
-//! keeps polling and processing its ready tasks (Kafka Streams' state updater). A restore that
+//! The restorer threads of a worker: they restore the stores of newly assigned tasks while the
+//! worker keeps polling and processing its ready tasks (Kafka Streams' state updater). A restore that
 //! takes minutes never holds up the consumer's poll loop, so it never costs the group membership
 //! (`max.poll.interval.ms`).
 //!

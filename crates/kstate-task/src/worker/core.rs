@@ -798,7 +798,7 @@ impl Core {
         }
     }
 
-    /// The worker ends: no more restores, and its restorer thread ends after its job.
+    /// The worker ends: no more restores, and each of its restorer threads ends after its job.
     pub(crate) fn stop_restorer(&mut self) {
         self.jobs = None;
     }

@@ -1,4 +1,4 @@
-//! A worker thread: one member of the consumer group, its producer, its restorer thread, and the
+//! A worker thread: one member of the consumer group, its producer, its restorer threads, and the
 //! tasks it runs. Its parts, by name:
 //!
 //! - this file: the poll loop, and nothing else: poll a record or wait, then the chores
@@ -14,7 +14,7 @@
 //!
 //! # Tasks and rebalances
 //! - **Assigned**: every new input partition is paused. A task whose worker now holds
-//!   partition *p* of every input restores its stores on the restorer thread while the worker
+//!   partition *p* of every input restores its stores on a restorer thread while the worker
 //!   keeps processing its other tasks; then it starts from its committed offsets, runs the
 //!   records handed over before the pause took hold, and resumes. A worker holding only some
 //!   of task *p*'s partitions (a protocol handing them over one by one, or members with
