@@ -1,7 +1,7 @@
 //! The restorer threads of a worker: they restore the stores of newly assigned tasks while the
-//! worker keeps polling and processing its ready tasks (Kafka Streams' state updater). A restore that
-//! takes minutes never holds up the consumer's poll loop, so it never costs the group membership
-//! (`max.poll.interval.ms`).
+//! worker keeps polling and processing its ready tasks (Kafka Streams' state updater). A restore
+//! that takes minutes never holds up the consumer's poll loop, so it never costs the group
+//! membership (`max.poll.interval.ms`).
 //!
 //! One job per task, in assignment order; a revoked task's job is cancelled through its token.
 //! A worker has [`AppBuilder::restore_threads`](crate::AppBuilder::restore_threads) restorer
