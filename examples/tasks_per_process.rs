@@ -244,9 +244,7 @@ impl Bench {
         );
         Ok(())
     }
-}
 
-impl Bench {
     /// A client of the application's consumer group that only reads its committed offsets.
     fn group_reader(&self) -> Result<BaseConsumer> {
         let mut config = self.client.client_config();

@@ -465,53 +465,43 @@ impl Task {
     /// [`RESEND_UNCONFIRMED`] has passed without a confirmation, or the commit failed.
     pub(crate) fn offsets_sent(&mut self, tpl: &TopicPartitionList) {
         let now = Instant::now();
-        for (offset, at) in self.own(tpl) {
-            at.sent = Some((offset, now));
-        }
+        self.each_own(tpl, |at, offset, _| at.sent = Some((offset, now)));
     }
 
     /// An asynchronous commit of these offsets failed: they are pending again.
     pub(crate) fn offsets_commit_failed(&mut self, tpl: &TopicPartitionList) {
-        for (offset, at) in self.own(tpl) {
+        self.each_own(tpl, |at, offset, _| {
             if at.sent.is_some_and(|(o, _)| o == offset) {
                 at.sent = None;
             }
-        }
-    }
-
-    /// This task's entries of `tpl` with their offsets.
-    fn own<'a>(
-        &'a mut self,
-        tpl: &'a TopicPartitionList,
-    ) -> impl Iterator<Item = (i64, &'a mut InputOffset)> + 'a {
-        let partition = self.id.partition;
-        let offsets = &mut self.offsets;
-        let mut wanted: Vec<(String, i64)> = Vec::new();
-        for element in tpl.elements() {
-            if element.partition() == partition
-                && let Offset::Offset(offset) = element.offset()
-            {
-                wanted.push((element.topic().to_string(), offset));
-            }
-        }
-        offsets.iter_mut().filter_map(move |(topic, at)| {
-            wanted
-                .iter()
-                .find(|(t, _)| t == topic)
-                .map(|(_, offset)| (*offset, at))
-        })
+        });
     }
 
     /// The group now holds these offsets (a commit that included them succeeded).
     pub(crate) fn offsets_committed(&mut self, tpl: &TopicPartitionList) {
+        self.each_own(tpl, |at, offset, failed| {
+            if !failed {
+                at.committed = Some(at.committed.map_or(offset, |c| c.max(offset)));
+            }
+        });
+    }
+
+    /// Calls `f` for each entry of `tpl` on this task's partition, of a topic it reads, with an
+    /// offset: with that topic's offsets, the entry's offset, and whether the entry carries an
+    /// error.
+    fn each_own(
+        &mut self,
+        tpl: &TopicPartitionList,
+        mut f: impl FnMut(&mut InputOffset, i64, bool),
+    ) {
         for element in tpl.elements() {
-            if element.partition() != self.id.partition || element.error().is_err() {
+            if element.partition() != self.id.partition {
                 continue;
             }
             if let (Offset::Offset(offset), Some(at)) =
                 (element.offset(), self.offsets.get_mut(element.topic()))
             {
-                at.committed = Some(at.committed.map_or(offset, |c| c.max(offset)));
+                f(at, offset, element.error().is_err());
             }
         }
     }

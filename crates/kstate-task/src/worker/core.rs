@@ -410,9 +410,6 @@ impl Core {
         }
     }
 
-    /// Task `p`'s next offset per input: the committed one, or where the consumer starts a
-    /// partition without one (`auto.offset.reset`). `None` (and the worker failed) if the
-    /// watermarks could not be read.
     /// Where each of `partitions` starts: the group's committed offset, or for one without,
     /// the log's start (or end, by `auto.offset.reset`). Two requests for all of them: one
     /// offset fetch, one list-offsets round.
@@ -434,7 +431,8 @@ impl Core {
         Ok(positions)
     }
 
-    /// Task `partition`'s start offset per input topic, from [`positions`](Self::positions).
+    /// Task `partition`'s start offset per input topic, from [`positions`](Self::positions);
+    /// `None` (and the worker failed) if one is missing.
     fn start_offsets(
         &mut self,
         partition: i32,
