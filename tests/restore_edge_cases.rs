@@ -59,16 +59,6 @@ fn admin() -> Result<AdminClient<DefaultClientContext>> {
         .create()?)
 }
 
-fn write_keys(store: &LoggedStore, range: std::ops::Range<u32>) -> Result<()> {
-    for i in range {
-        store.put(
-            format!("key-{i:04}").as_bytes(),
-            format!("value-{i}").as_bytes(),
-        )?;
-    }
-    Ok(())
-}
-
 #[test]
 fn an_empty_topic_restores_nothing() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -156,7 +146,7 @@ async fn records_deleted_below_the_stored_offset_force_a_rebuild() -> Result<()>
     common::create_topic(&bootstrap_servers()?, &topic, 1, "compact,delete").await?;
     let dir = tempfile::tempdir()?;
     let (store, _) = open(dir.path(), &topic)?;
-    write_keys(&store, 0..100)?; // offsets 0..=99
+    common::write_keys(&store, 0..100)?; // offsets 0..=99
     store.close()?;
     drop(store); // releases the directory lock
     produce(
@@ -204,7 +194,7 @@ async fn a_recreated_topic_written_again_is_refused_then_rebuilt_by_choice() -> 
     let topic = unique_topic("recreated");
     let dir = tempfile::tempdir()?;
     let (store, _) = open(dir.path(), &topic)?;
-    write_keys(&store, 0..100)?;
+    common::write_keys(&store, 0..100)?;
     store.close()?;
     drop(store); // releases the directory lock
 
@@ -293,7 +283,7 @@ fn an_open_transaction_on_the_changelog_fails_the_open_and_then_waits_for_its_co
     let topic = unique_topic("open-txn");
     let dir = tempfile::tempdir()?;
     let (store, _) = open(dir.path(), &topic)?;
-    write_keys(&store, 0..10)?; // offsets 0..=9
+    common::write_keys(&store, 0..10)?; // offsets 0..=9
     store.close()?;
     drop(store);
     let transaction = open_transaction(&topic)?; // its record at offset 10
@@ -344,12 +334,12 @@ fn a_store_written_past_an_open_transaction_is_never_wiped() -> Result<()> {
     let topic = unique_topic("past-lso");
     let dir = tempfile::tempdir()?;
     let (store, _) = open(dir.path(), &topic)?;
-    write_keys(&store, 0..10)?;
+    common::write_keys(&store, 0..10)?;
     store.commit()?;
     let transaction = open_transaction(&topic)?;
     // These land after the transaction's record; whatever the store makes of that, it must not
     // lose them or anything before them.
-    let _ = write_keys(&store, 10..20);
+    let _ = common::write_keys(&store, 10..20);
     let _ = store.commit();
     let _ = store.close();
     drop(store);
@@ -441,7 +431,7 @@ fn leftovers_of_a_killed_wipe_or_bulk_load_are_deleted_on_the_next_open() -> Res
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("s");
     let (store, _) = open(&path, &topic)?;
-    write_keys(&store, 0..10)?;
+    common::write_keys(&store, 0..10)?;
     store.close()?;
     drop(store);
 

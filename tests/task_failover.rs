@@ -36,7 +36,7 @@ use common::streams::{
     check_exact_sequences, env_number, last_counts, produce, read_topic, wait_for,
 };
 use kstate::kstate_kafka::ChangelogPosition;
-use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use kstate::kstate_rocksdb::{RocksDbOptions, TaskDb};
 use kstate_test_broker::unique_topic;
 use rand::{Rng, SeedableRng};
 
@@ -597,15 +597,11 @@ async fn a_paused_copy_that_lost_its_partitions_makes_nothing_visible() -> anyho
     let changelog = format!("{}-counts-changelog", run.app_id);
     let mut checked = 0;
     for p in 0..PARTITIONS {
-        let path = copies[0]
-            .state_dir
-            .join(&run.app_id)
-            .join(p.to_string())
-            .join("counts");
+        let path = copies[0].state_dir.join(&run.app_id).join(p.to_string());
         if !path.exists() {
             continue;
         }
-        let raw = RocksDbStore::open(&path, &RocksDbOptions::default())?;
+        let raw = TaskDb::open_existing(&path, &RocksDbOptions::default())?.store("counts")?;
         let Some(position) = ChangelogPosition::read(&raw)? else {
             continue;
         };

@@ -208,6 +208,22 @@ pub fn high_watermark_at(
         .1)
 }
 
+/// Puts `key-<i>` (four digits) = `value-<i>` for every `i` in `range`, one changelog record
+/// each.
+pub fn write_keys(
+    store: &kstate::kstate_kafka::LoggedStore,
+    range: std::ops::Range<u32>,
+) -> anyhow::Result<()> {
+    use kstate::kstate_core::KeyValueStore;
+    for i in range {
+        store.put(
+            format!("key-{i:04}").as_bytes(),
+            format!("value-{i}").as_bytes(),
+        )?;
+    }
+    Ok(())
+}
+
 /// Every entry of `store`, in key order.
 pub fn contents(
     store: &impl kstate::kstate_core::KeyValueStore,

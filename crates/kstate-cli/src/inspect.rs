@@ -96,7 +96,7 @@ pub(crate) fn run(args: Args) -> Result<Outcome> {
             .and_then(|p| p.age())
             .map(|a| a.as_secs_f64()),
         approximate_keys: store.approximate_len()?,
-        disk_bytes: store_dir::disk_bytes(&args.dir)?,
+        disk_bytes: store_dir::disk_bytes(&store, &args.dir)?,
         sst_files_per_level: levels,
         changelog,
     };

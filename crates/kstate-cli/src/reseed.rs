@@ -77,7 +77,8 @@ pub(crate) fn run(args: Args) -> Result<Outcome> {
     if let Some(n) = args.partitions {
         config = config.partitions(n);
     }
-    let store = LoggedStore::open(&args.dir, &RocksDbOptions::default(), config)?;
+    let location = store_dir::location(&args.dir)?;
+    let store = LoggedStore::open(location, &RocksDbOptions::default(), config)?;
     let offset = store.committed_position()?.map(|p| p.offset);
     store.close()?;
     drop(store);

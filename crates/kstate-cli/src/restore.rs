@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use crate::Outcome;
 use crate::changelog::{KafkaArgs, bar_style, rate_message};
+use crate::store_dir;
 
 /// Restores a store from its changelog (creating the directory if needed): resumes from the
 /// stored offset, or rebuilds when the store cannot be trusted, exactly as an application's open
@@ -111,6 +112,7 @@ pub(crate) fn run(args: Args) -> Result<Outcome> {
             .with_context(|| format!("creating {}", parent.display()))?;
     }
     let options = RocksDbOptions::default();
+    let location = store_dir::location(&args.dir)?;
     let report = if args.follow {
         let stop = CancelToken::new();
         stop_on_signal(stop.clone())?;
@@ -118,14 +120,14 @@ pub(crate) fn run(args: Args) -> Result<Outcome> {
             "following {}/{}; SIGINT or SIGTERM stops",
             args.topic, args.partition
         );
-        follow_changelog(&args.dir, &options, &config, Some(bar.clone()), &stop)?
+        follow_changelog(location, &options, &config, Some(bar.clone()), &stop)?
     } else {
         let hooks = OpenHooks {
             listener: Some(bar.clone()),
             record_check: None,
             cancel: None,
         };
-        RestoredStore::restore(&args.dir, &options, config, &hooks)?.close()?
+        RestoredStore::restore(location, &options, config, &hooks)?.close()?
     };
     bar.bar.finish_and_clear();
     let start = &report.start;

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use kstate_core::KeyValueStore;
-use kstate_kafka::{ChangelogConfig, ClientProperties, LoggedStore};
-use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use kstate_kafka::{ChangelogConfig, ClientProperties, LoggedStore, StoreLocation};
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore, TaskDb};
 use serde_json::Value;
 
 fn kstate(args: &[&str]) -> Result<Output> {
@@ -373,6 +373,58 @@ async fn reseed_writes_a_deleted_changelog_back() -> Result<()> {
     })
     .await??;
     ensure!(verified.contains("agrees"), "{verified}");
+    Ok(())
+}
+
+/// A store of a task's RocksDB is named `<task directory>/<store>`, where the older layout kept
+/// its directory; the task directory itself is refused with the names of its stores.
+#[test]
+fn a_store_of_a_tasks_rocksdb_is_inspected_and_verified_by_its_old_path() -> Result<()> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let topic = kstate_test_broker::unique_topic("cli-task");
+    let tmp = tempfile::tempdir()?;
+    let task = tmp.path().join("0");
+    {
+        let db = TaskDb::open(&task, &["counts", "totals"], &RocksDbOptions::default())?;
+        let location = StoreLocation::InTask {
+            db,
+            name: "counts".into(),
+        };
+        let store = LoggedStore::open(
+            location,
+            &RocksDbOptions::default(),
+            config(&servers, &topic),
+        )?;
+        for i in 0..10 {
+            store.put(format!("key-{i}").as_bytes(), b"v")?;
+        }
+        store.close()?;
+    }
+    let counts = task.join("counts");
+    let c = counts.to_str().context("path")?;
+    let inspected: Value = serde_json::from_str(&expect(
+        0,
+        &["inspect", c, "--bootstrap-servers", &servers, "--json"],
+    )?)?;
+    ensure!(
+        inspected["topic"] == topic.as_str() && inspected["offset"] == 9,
+        "{inspected}"
+    );
+    ensure!(inspected["approximate_keys"] == 10, "{inspected}");
+    expect(0, &["verify", c, "--bootstrap-servers", &servers])?;
+    let out = kstate(&["inspect", task.to_str().context("path")?])?;
+    let err = text(&out.stderr);
+    ensure!(
+        out.status.code() == Some(3) && err.contains("counts, totals") && err.contains("<store>"),
+        "{err}"
+    );
+    let missing = kstate(&["inspect", task.join("nope").to_str().context("path")?])?;
+    ensure!(
+        missing.status.code() == Some(3)
+            && text(&missing.stderr).contains("holds no store \"nope\""),
+        "{}",
+        text(&missing.stderr)
+    );
     Ok(())
 }
 

@@ -50,5 +50,5 @@ pub use position::{ChangelogPosition, FORMAT_VERSION};
 pub use producer::SharedProducer;
 pub use restore::{
     BatchRestored, CancelToken, OpenHooks, RESTORE_FETCH_SETTINGS, RecordCheck, RestoreClients,
-    RestoreListener, RestoreReport, RestoreStart, RestoredStore, follow_changelog,
+    RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation, follow_changelog,
 };

@@ -43,7 +43,6 @@
 //! mutation: a crash in the middle of sending a batch can restore a prefix of it. (Making
 //! batches atomic in the changelog needs Kafka transactions: the exactly-once mode.)
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{
     Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
@@ -61,7 +60,7 @@ use crate::error::ChangelogError;
 use crate::overlay::{Map, MergeScan, Overlay, overlay_range};
 use crate::position::ChangelogPosition;
 use crate::producer::{ChangelogProducer, SharedProducer};
-use crate::restore::{OpenHooks, RestoreReport, RestoredStore};
+use crate::restore::{OpenHooks, RestoreReport, RestoredStore, StoreLocation};
 use crate::transaction::{Transaction, TransactionMember};
 
 /// Extra time, beyond the delivery timeout, a commit waits before declaring the changelog stuck.
@@ -142,19 +141,20 @@ impl std::fmt::Debug for LoggedStore {
 }
 
 impl LoggedStore {
-    /// Opens the store in `path` with its changelog: creates or verifies the topic, restores
-    /// what RocksDB lacks, and starts the group-commit and flush timer.
+    /// Opens the store at `location` (a directory of its own, or a store of a task's RocksDB)
+    /// with its changelog: creates or verifies the topic, restores what RocksDB lacks, and
+    /// starts the group-commit and flush timer.
     pub fn open(
-        path: impl AsRef<Path>,
+        location: impl Into<StoreLocation>,
         options: &RocksDbOptions,
         config: ChangelogConfig,
     ) -> Result<Self, ChangelogError> {
-        Self::open_with(path, options, config, OpenHooks::default())
+        Self::open_with(location, options, config, OpenHooks::default())
     }
 
     /// [`open`](Self::open) with a restore listener, a record check and a cancel token.
     pub fn open_with(
-        path: impl AsRef<Path>,
+        location: impl Into<StoreLocation>,
         options: &RocksDbOptions,
         config: ChangelogConfig,
         hooks: OpenHooks,
@@ -164,7 +164,7 @@ impl LoggedStore {
         // up. Created here, that wait overlaps the topic check and the restore instead of
         // stalling the first writes after open (measured: up to 0.5 s).
         let producer = SharedProducer::new(&config)?;
-        let restored = RestoredStore::restore(path, options, config, &hooks)?;
+        let restored = RestoredStore::restore(location, options, config, &hooks)?;
         Self::start(restored, producer, true)
     }
 

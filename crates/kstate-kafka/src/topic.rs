@@ -31,6 +31,17 @@ pub(crate) struct TopicFacts {
     pub(crate) delete_retention: Option<Duration>,
 }
 
+/// What a topic check found.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckedTopic {
+    /// The topic's partition count.
+    pub(crate) partitions: i32,
+    /// The fewest replicas of any of its partitions.
+    pub(crate) min_replicas: i32,
+    /// What the store needs to know of it.
+    pub(crate) facts: TopicFacts,
+}
+
 /// Makes sure the changelog topic exists (creating it when `create` allows), is compacted and
 /// has the configured partition count and settings, asking through `clients`. `Ok(None)`: it is
 /// missing and was not created.
@@ -78,7 +89,10 @@ pub(crate) fn ensure_topic(
         }
         create_topic(config, &clients.admin)?;
     }
-    verify_topic(config, clients).map(Some)
+    let checked = verify_topic(config, clients)?;
+    let facts = checked.facts.clone();
+    clients.remember(config, checked);
+    Ok(Some(facts))
 }
 
 pub(crate) fn kafka(
@@ -167,28 +181,34 @@ fn create_topic(
 fn verify_topic(
     config: &ChangelogConfig,
     clients: &RestoreClients,
-) -> Result<TopicFacts, ChangelogError> {
+) -> Result<CheckedTopic, ChangelogError> {
     // Metadata of a just-created topic can take a moment to show every partition.
     let deadline = std::time::Instant::now() + config.open_timeout;
-    let (actual, replicas) = loop {
+    let (actual, replicas, min_replicas) = loop {
         let metadata = clients
             .probe
             .fetch_metadata(Some(&config.topic), config.open_timeout)
             .map_err(|source| kafka(config, "read topic metadata", source))?;
-        let (count, replicas) = metadata
+        let (count, replicas, min_replicas) = metadata
             .topics()
             .iter()
             .find(|t| t.name() == config.topic && t.error().is_none())
-            .map_or((0, 0), |t| {
+            .map_or((0, 0, 0), |t| {
                 let replicas = t
                     .partitions()
                     .iter()
                     .find(|p| p.id() == config.partition)
                     .map_or(0, |p| p.replicas().len() as i32);
-                (t.partitions().len() as i32, replicas)
+                let min_replicas = t
+                    .partitions()
+                    .iter()
+                    .map(|p| p.replicas().len() as i32)
+                    .min()
+                    .unwrap_or(0);
+                (t.partitions().len() as i32, replicas, min_replicas)
             });
         if count > 0 || std::time::Instant::now() >= deadline {
-            break (count, replicas);
+            break (count, replicas, min_replicas);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
@@ -259,9 +279,13 @@ fn verify_topic(
             config.max_record_bytes
         )));
     }
-    Ok(TopicFacts {
-        delete_retention: number("delete.retention.ms")
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(Duration::from_millis),
+    Ok(CheckedTopic {
+        partitions: actual,
+        min_replicas,
+        facts: TopicFacts {
+            delete_retention: number("delete.retention.ms")
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis),
+        },
     })
 }

@@ -6,7 +6,8 @@
 
 use std::path::PathBuf;
 
-/// Why [`RocksDbStore::open`](crate::RocksDbStore::open) failed.
+/// Why [`RocksDbStore::open`](crate::RocksDbStore::open) or [`TaskDb::open`](crate::TaskDb::open)
+/// failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
@@ -57,6 +58,45 @@ pub enum OpenError {
         /// The failure.
         #[source]
         source: std::io::Error,
+    },
+
+    /// An operator's tool named a directory that holds no RocksDB.
+    #[error("cannot open {path}: there is no RocksDB there (no CURRENT file)")]
+    NotFound {
+        /// The directory.
+        path: PathBuf,
+    },
+
+    /// The directory holds a RocksDB of the other layout: a single store where a task's stores
+    /// were expected, or the reverse.
+    #[error("cannot open {path} as {wanted}: it holds {found}")]
+    WrongLayout {
+        /// The directory.
+        path: PathBuf,
+        /// What it holds.
+        found: crate::Layout,
+        /// What was asked for.
+        wanted: crate::Layout,
+    },
+
+    /// The directory's layout record or a store name is unusable.
+    #[error("cannot open {path}: {message}")]
+    Layout {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+
+    /// A task's RocksDB holds no store of that name.
+    #[error("{path} holds no store {store:?} (it holds {held:?})")]
+    NoSuchStore {
+        /// The task's RocksDB directory.
+        path: PathBuf,
+        /// The store asked for.
+        store: String,
+        /// The stores it holds.
+        held: Vec<String>,
     },
 
     /// Any other failure RocksDB reported.

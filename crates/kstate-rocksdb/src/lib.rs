@@ -6,6 +6,7 @@
 //! the thin RocksDB layer under it:
 //!
 //! - [`RocksDbStore`]: the store; every write disables the WAL ([`wal_free_write_options`]).
+//! - [`TaskDb`]: one RocksDB for a stream task's stores, a column family each, flushed together.
 //! - [`RocksDbOptions`]: defaults chosen by measurement, and a builder to tune them.
 //! - [`MemoryBudget`]: one block cache and one write-buffer manager shared by many stores.
 //! - a metadata column family, flushed atomically with the data, for the changelog position.
@@ -24,12 +25,16 @@
 
 #![deny(unsafe_code)]
 
+mod db;
 mod error;
 mod options;
 mod store;
+mod task_db;
 
+pub use db::{Layout, METADATA_CF};
 pub use error::OpenError;
 pub use options::{Compression, MemoryBudget, RocksDbOptions};
 /// The `rocksdb` crate this one is built on, for benchmarks that compare against it.
 pub use rocksdb;
-pub use store::{METADATA_CF, RocksDbStore, wal_free_write_options};
+pub use store::{RocksDbStore, wal_free_write_options};
+pub use task_db::TaskDb;

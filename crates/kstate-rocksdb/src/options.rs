@@ -23,6 +23,9 @@
 //! | compression | LZ4, ZSTD at the bottommost level | RocksDB's recommended pairing; SST files a restore ingests are LZ4 (below) |
 //! | budget | 256 MiB, of which up to 128 MiB memtables | one budget for all stores |
 //! | RocksDB's log | to `tracing`, warnings and errors | no `LOG` file (one descriptor fewer per store) |
+//! | memtable arena block | 16 KiB | RocksDB's default, 1 MiB, is charged to the budget for every memtable written to: a thousand tasks of three stores (and their metadata) would charge 4 GiB against a 128 MiB memtable budget and flush at every write |
+//! | open SST files (`max_open_files`) | 64 per RocksDB | RocksDB's default keeps every SST file open: descriptors grow with data and stores without bound; with a cap, files also open on first read instead of all at once when the RocksDB opens |
+//! | flush and compaction threads | 2 jobs | RocksDB's background pools are the process's, sized to the largest setting of any open RocksDB, not the sum: many stores share them |
 
 use std::sync::OnceLock;
 
@@ -118,6 +121,8 @@ pub struct RocksDbOptions {
     pub(crate) block_size: usize,
     pub(crate) compression: Compression,
     pub(crate) background_jobs: i32,
+    pub(crate) arena_block_size: usize,
+    pub(crate) max_open_files: i32,
 }
 
 impl Default for RocksDbOptions {
@@ -130,6 +135,8 @@ impl Default for RocksDbOptions {
             block_size: 16 << 10,
             compression: Compression::Lz4ThenZstd,
             background_jobs: 2,
+            arena_block_size: 16 << 10,
+            max_open_files: 64,
         }
     }
 }
@@ -176,7 +183,28 @@ impl RocksDbOptions {
         self
     }
 
-    /// How many flushes and compactions one store may run at once.
+    /// The memtable arena's block size, in bytes: the least memory a memtable that holds
+    /// anything is charged against the budget.
+    pub fn arena_block_size(mut self, bytes: usize) -> Self {
+        self.arena_block_size = bytes.max(4 << 10);
+        self
+    }
+
+    /// How many SST files one RocksDB keeps open (RocksDB's `max_open_files`; at least 20, its
+    /// own minimum, of which 10 are for files other than SSTs); `None`: every file, always.
+    pub fn max_open_files(mut self, n: Option<u32>) -> Self {
+        self.max_open_files = n.map_or(-1, |n| i32::try_from(n.max(20)).unwrap_or(i32::MAX));
+        self
+    }
+
+    /// How many SST files one RocksDB keeps open at most (`None`: no limit).
+    pub fn open_files_cap(&self) -> Option<u32> {
+        u32::try_from(self.max_open_files).ok()
+    }
+
+    /// How many flushes and compactions one RocksDB may run at once. The threads that run them
+    /// are the process's: RocksDB's pools grow to the largest setting of any open RocksDB and
+    /// every RocksDB shares them, so a thousand stores do not mean a thousand threads.
     pub fn background_jobs(mut self, n: u16) -> Self {
         self.background_jobs = i32::from(n.max(1));
         self
@@ -228,6 +256,8 @@ impl RocksDbOptions {
         opts.set_write_buffer_size(self.write_buffer_size);
         opts.set_max_write_buffer_number(self.max_write_buffers);
         opts.set_max_background_jobs(self.background_jobs);
+        opts.set_arena_block_size(self.arena_block_size);
+        opts.set_max_open_files(self.max_open_files);
         opts.set_level_compaction_dynamic_level_bytes(true);
         opts.set_bytes_per_sync(1 << 20);
         // RocksDB's own log goes to `tracing` (target `rocksdb`), warnings and errors only,

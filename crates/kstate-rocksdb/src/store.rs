@@ -20,29 +20,27 @@
 //!   point corresponds to, and replays the rest.
 //!
 //! # Layout
-//! Data lives in the `default` column family; the `kstate_meta` column family holds small
-//! metadata records (the changelog position) written atomically with data through
-//! [`RocksDbStore::write_with_metadata`].
+//! A store's data lives in one column family (`default` in a directory of its own,
+//! `store.<name>` in a task's RocksDB: see [`crate::TaskDb`]); the `kstate_meta` column family
+//! holds small metadata records (the changelog position) written atomically with data through
+//! [`RocksDbStore::write_with_metadata`], under a per-store prefix in a task's RocksDB.
 //!
-//! [`RocksDbStore::ingest_sorted`] writes its SST file into the store directory as
+//! [`RocksDbStore::ingest_sorted`] writes its SST file into the RocksDB directory as
 //! `kstate-ingest-<n>.sst` and has RocksDB move it in. A process killed between the two leaves
 //! the file behind, and RocksDB never deletes it (the name is not one of its own), so opening a
-//! store deletes such files, with a warning. It does so only once it holds the directory's
+//! RocksDB deletes such files, with a warning. It does so only once it holds the directory's
 //! lock, so no other store can be writing one there.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kstate_core::{Batch, EntryIter, Error, KeyRange, KeyValueStore, Order, Result};
-use rocksdb::{
-    ColumnFamilyDescriptor, DB, FlushOptions, IteratorMode, ReadOptions, WriteBatch, WriteOptions,
-};
+use rocksdb::{FlushOptions, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
+use crate::db::{Db, INGEST_PREFIX, INGEST_SUFFIX, Layout, METADATA_CF};
 use crate::error::OpenError;
 use crate::options::RocksDbOptions;
-
-/// The column family that holds metadata records.
-pub const METADATA_CF: &str = "kstate_meta";
 
 /// The write options of every write this crate makes: the WAL is disabled (invariant 1 in
 /// DESIGN.md). Not `sync` either: there is no log to sync.
@@ -52,48 +50,15 @@ pub fn wal_free_write_options() -> WriteOptions {
     opts
 }
 
-/// `ingest_sorted` names its files `kstate-ingest-<n>.sst`.
-const INGEST_PREFIX: &str = "kstate-ingest-";
-const INGEST_SUFFIX: &str = ".sst";
-
-/// Whether `name` is one `ingest_sorted` gives its files.
-fn is_ingest_file(name: &str) -> bool {
-    name.strip_prefix(INGEST_PREFIX)
-        .and_then(|rest| rest.strip_suffix(INGEST_SUFFIX))
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// Deletes the files an `ingest_sorted` killed before its ingest left in the store directory at
-/// `path`, which the caller has just locked (so none of them is being written). A failure only
-/// warns: the file wastes space, nothing more.
-fn remove_leftover_ingest_files(path: &Path) {
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-        if !is_file || !entry.file_name().to_str().is_some_and(is_ingest_file) {
-            continue;
-        }
-        let file = entry.path();
-        match std::fs::remove_file(&file) {
-            Ok(()) => {
-                tracing::warn!(path = %file.display(), "deleted an SST file an interrupted bulk load left behind");
-            }
-            Err(e) => {
-                tracing::warn!(path = %file.display(), error = %e, "could not delete an SST file an interrupted bulk load left behind");
-            }
-        }
-    }
-}
-
-/// A RocksDB-backed [`KeyValueStore`] that never writes a WAL.
+/// A RocksDB-backed [`KeyValueStore`] that never writes a WAL: a directory of its own
+/// ([`RocksDbStore::open`]), or one column family of a task's RocksDB
+/// ([`TaskDb::store`](crate::TaskDb::store)).
 pub struct RocksDbStore {
-    db: DB,
-    /// The options SST files for ingestion are written with.
-    sst_options: rocksdb::Options,
-    ingested: std::sync::atomic::AtomicU64,
-    path: PathBuf,
+    db: Arc<Db>,
+    /// The column family of the data.
+    cf: String,
+    /// Prepended to this store's metadata keys (empty in a directory of its own).
+    meta_prefix: Vec<u8>,
     name: String,
     write_opts: WriteOptions,
     closed: AtomicBool,
@@ -102,45 +67,44 @@ pub struct RocksDbStore {
 impl std::fmt::Debug for RocksDbStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RocksDbStore")
-            .field("path", &self.path)
+            .field("name", &self.name)
             .finish_non_exhaustive()
     }
 }
 
 impl RocksDbStore {
-    /// Opens (creating if needed) the store in directory `path`.
+    /// Opens (creating if needed) the store in directory `path`, which holds this store only.
     ///
     /// Fails with a typed [`OpenError`] naming the path when the directory is already open (by
-    /// this or another process), when the path is a file, or when it cannot be written.
+    /// this or another process), when the path is a file, when it holds a task's stores
+    /// ([`OpenError::WrongLayout`]: open it with [`TaskDb`](crate::TaskDb)), or when it cannot
+    /// be written.
     pub fn open(path: impl AsRef<Path>, options: &RocksDbOptions) -> Result<Self, OpenError> {
-        let path = path.as_ref().to_path_buf();
-        if path.exists() && !path.is_dir() {
-            return Err(OpenError::NotADirectory { path });
-        }
-        std::fs::create_dir_all(&path).map_err(|e| OpenError::from_io(path.clone(), e))?;
-        let opts = options.to_rocksdb();
-        let families = [
-            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
-            ColumnFamilyDescriptor::new(METADATA_CF, opts.clone()),
-        ];
-        let db = DB::open_cf_descriptors(&opts, &path, families)
-            .map_err(|e| OpenError::from_rocks(path.clone(), e))?;
-        remove_leftover_ingest_files(&path);
-        tracing::debug!(path = %path.display(), "opened RocksDB store (WAL disabled)");
-        Ok(RocksDbStore {
-            db,
-            sst_options: options.to_rocksdb_for_ingestion(),
-            ingested: std::sync::atomic::AtomicU64::new(0),
-            name: path.display().to_string(),
-            path,
-            write_opts: wal_free_write_options(),
-            closed: AtomicBool::new(false),
-        })
+        let db = Db::open(path.as_ref(), options, Layout::Store, &[], false)?;
+        let name = db.path.display().to_string();
+        Ok(Self::on(
+            Arc::new(db),
+            rocksdb::DEFAULT_COLUMN_FAMILY_NAME.to_string(),
+            Vec::new(),
+            name,
+        ))
     }
 
-    /// The store directory.
+    /// A handle on column family `cf` of `db`.
+    pub(crate) fn on(db: Arc<Db>, cf: String, meta_prefix: Vec<u8>, name: String) -> Self {
+        RocksDbStore {
+            db,
+            cf,
+            meta_prefix,
+            name,
+            write_opts: wal_free_write_options(),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The RocksDB directory: the store's own, or its task's.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.db.path
     }
 
     fn check_open(&self) -> Result<()> {
@@ -156,14 +120,27 @@ impl RocksDbStore {
         Error::backend(self.name.clone(), operation, e)
     }
 
+    fn family(&self, name: &str) -> Result<&rocksdb::ColumnFamily> {
+        self.db.db.cf_handle(name).ok_or_else(|| Error::Backend {
+            store: self.name.clone(),
+            operation: "open column family",
+            source: format!("column family {name} is missing").into(),
+        })
+    }
+
+    fn data_cf(&self) -> Result<&rocksdb::ColumnFamily> {
+        self.family(&self.cf)
+    }
+
     fn metadata_cf(&self) -> Result<&rocksdb::ColumnFamily> {
-        self.db
-            .cf_handle(METADATA_CF)
-            .ok_or_else(|| Error::Backend {
-                store: self.name.clone(),
-                operation: "open metadata column family",
-                source: format!("column family {METADATA_CF} is missing").into(),
-            })
+        self.family(METADATA_CF)
+    }
+
+    fn meta_key(&self, key: &[u8]) -> Vec<u8> {
+        let mut full = Vec::with_capacity(self.meta_prefix.len() + key.len());
+        full.extend_from_slice(&self.meta_prefix);
+        full.extend_from_slice(key);
+        full
     }
 
     /// Applies `data` (key → value, or `None` to delete; later entries win) and `metadata` (to
@@ -177,14 +154,16 @@ impl RocksDbStore {
     ) -> Result<()> {
         self.check_open()?;
         let meta = self.metadata_cf()?;
-        let mut wb = to_write_batch(data);
+        let mut wb = to_write_batch(self.data_cf()?, data);
         for (k, v) in metadata {
+            let k = self.meta_key(k);
             match v {
                 Some(v) => wb.put_cf(meta, k, v),
                 None => wb.delete_cf(meta, k),
             }
         }
         self.db
+            .db
             .write_opt(wb, &self.write_opts)
             .map_err(|e| self.backend("write", e))
     }
@@ -200,8 +179,11 @@ impl RocksDbStore {
         entries: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
     ) -> Result<()> {
         self.check_open()?;
-        let n = self.ingested.fetch_add(1, Ordering::Relaxed);
-        let file = self.path.join(format!("{INGEST_PREFIX}{n}{INGEST_SUFFIX}"));
+        let n = self.db.ingested.fetch_add(1, Ordering::Relaxed);
+        let file = self
+            .db
+            .path
+            .join(format!("{INGEST_PREFIX}{n}{INGEST_SUFFIX}"));
         let written = self.write_sst(&file, entries);
         let result = match written {
             Ok(0) => Ok(()),
@@ -209,7 +191,8 @@ impl RocksDbStore {
                 let mut ingest = rocksdb::IngestExternalFileOptions::default();
                 ingest.set_move_files(true);
                 self.db
-                    .ingest_external_file_opts(&ingest, vec![&file])
+                    .db
+                    .ingest_external_file_cf_opts(self.data_cf()?, &ingest, vec![&file])
                     .map_err(|e| self.backend("ingest SST", e))
             }
             Err(e) => Err(e),
@@ -229,7 +212,7 @@ impl RocksDbStore {
             return Ok(0);
         }
         let failed = |e| self.backend("write SST for ingestion", e);
-        let mut writer = rocksdb::SstFileWriter::create(&self.sst_options);
+        let mut writer = rocksdb::SstFileWriter::create(&self.db.sst_options);
         writer.open(file).map_err(failed)?;
         let mut previous: Option<&[u8]> = None;
         let mut count = 0;
@@ -260,26 +243,112 @@ impl RocksDbStore {
     pub fn metadata(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
         self.db
-            .get_cf(self.metadata_cf()?, key)
+            .db
+            .get_cf(self.metadata_cf()?, self.meta_key(key))
             .map_err(|e| self.backend("read metadata", e))
+    }
+
+    /// Every metadata record of this store, keys without the store's prefix, in key order.
+    pub fn metadata_entries(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.check_open()?;
+        let mut read = ReadOptions::default();
+        read.set_iterate_lower_bound(self.meta_prefix.clone());
+        if let Some(upper) = prefix_successor(&self.meta_prefix) {
+            read.set_iterate_upper_bound(upper);
+        }
+        let mut entries = Vec::new();
+        for item in self
+            .db
+            .db
+            .iterator_cf_opt(self.metadata_cf()?, read, IteratorMode::Start)
+        {
+            let (k, v) = item.map_err(|e| self.backend("read metadata", e))?;
+            let key = k[self.meta_prefix.len()..].to_vec();
+            // The layout record is the directory's, not the store's.
+            if self.meta_prefix.is_empty() && key == crate::db::LAYOUT_KEY {
+                continue;
+            }
+            entries.push((key, v.into_vec()));
+        }
+        Ok(entries)
+    }
+
+    /// Deletes every entry and every metadata record of this store, in one atomic write, then
+    /// flushes, so that a crash never brings back data without its position or a position
+    /// without its data. Used to rebuild one store of a task's RocksDB, whose directory the
+    /// task's other stores share (a store in a directory of its own is wiped by deleting the
+    /// directory).
+    pub fn clear(&self) -> Result<()> {
+        self.check_open()?;
+        let data = self.data_cf()?;
+        let meta = self.metadata_cf()?;
+        let mut wb = WriteBatch::default();
+        let first = self.edge_key(IteratorMode::Start)?;
+        let last = self.edge_key(IteratorMode::End)?;
+        if let (Some(first), Some(last)) = (&first, &last) {
+            wb.delete_range_cf(data, first, last);
+            wb.delete_cf(data, last);
+        }
+        for (key, _) in self.metadata_entries()? {
+            wb.delete_cf(meta, self.meta_key(&key));
+        }
+        self.db
+            .db
+            .write_opt(wb, &self.write_opts)
+            .map_err(|e| self.backend("clear", e))?;
+        self.flush()?;
+        if let (Some(first), Some(last)) = (first, last) {
+            // Durable now; the files wholly inside the range go at once, the rest in compaction.
+            self.db
+                .db
+                .delete_file_in_range_cf(data, first, last)
+                .map_err(|e| self.backend("delete cleared files", e))?;
+        }
+        Ok(())
+    }
+
+    /// The first or last key of the store.
+    fn edge_key(&self, mode: IteratorMode<'_>) -> Result<Option<Vec<u8>>> {
+        match self.db.db.iterator_cf(self.data_cf()?, mode).next() {
+            None => Ok(None),
+            Some(item) => Ok(Some(
+                item.map_err(|e| self.backend("scan", e))?.0.into_vec(),
+            )),
+        }
     }
 
     /// A RocksDB property of the data column family (e.g. `rocksdb.stats`), for diagnostics.
     pub fn property(&self, name: &str) -> Result<Option<String>> {
         self.check_open()?;
         self.db
-            .property_value(name)
+            .db
+            .property_value_cf(self.data_cf()?, name)
             .map_err(|e| self.backend("read property", e))
     }
 }
 
+/// The smallest key greater than every key that starts with `prefix` (`None`: there is none).
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut upper = prefix.to_vec();
+    while let Some(last) = upper.pop() {
+        if last < u8::MAX {
+            upper.push(last + 1);
+            return Some(upper);
+        }
+    }
+    None
+}
+
 /// The one place mutations become a RocksDB `WriteBatch` (later entries win).
-fn to_write_batch<'e>(data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>) -> WriteBatch {
+fn to_write_batch<'e>(
+    cf: &rocksdb::ColumnFamily,
+    data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
+) -> WriteBatch {
     let mut wb = WriteBatch::default();
     for (k, v) in data {
         match v {
-            Some(v) => wb.put(k, v),
-            None => wb.delete(k),
+            Some(v) => wb.put_cf(cf, k, v),
+            None => wb.delete_cf(cf, k),
         }
     }
     wb
@@ -292,13 +361,18 @@ impl KeyValueStore for RocksDbStore {
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
-        self.db.get(key).map_err(|e| self.backend("get", e))
+        self.db
+            .db
+            .get_cf(self.data_cf()?, key)
+            .map_err(|e| self.backend("get", e))
     }
 
     fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         self.check_open()?;
+        let cf = self.data_cf()?;
         self.db
-            .multi_get(keys)
+            .db
+            .multi_get_cf(keys.iter().map(|k| (cf, *k)))
             .into_iter()
             .map(|r| r.map_err(|e| self.backend("multi_get", e)))
             .collect()
@@ -309,14 +383,16 @@ impl KeyValueStore for RocksDbStore {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.check_open()?;
         self.db
-            .put_opt(key, value, &self.write_opts)
+            .db
+            .put_cf_opt(self.data_cf()?, key, value, &self.write_opts)
             .map_err(|e| self.backend("put", e))
     }
 
     fn delete(&self, key: &[u8]) -> Result<()> {
         self.check_open()?;
         self.db
-            .delete_opt(key, &self.write_opts)
+            .db
+            .delete_cf_opt(self.data_cf()?, key, &self.write_opts)
             .map_err(|e| self.backend("delete", e))
     }
 
@@ -325,16 +401,16 @@ impl KeyValueStore for RocksDbStore {
         if batch.is_empty() {
             return Ok(());
         }
+        let wb = to_write_batch(
+            self.data_cf()?,
+            batch
+                .mutations()
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_deref())),
+        );
         self.db
-            .write_opt(
-                to_write_batch(
-                    batch
-                        .mutations()
-                        .iter()
-                        .map(|(k, v)| (k.as_slice(), v.as_deref())),
-                ),
-                &self.write_opts,
-            )
+            .db
+            .write_opt(wb, &self.write_opts)
             .map_err(|e| self.backend("write", e))
     }
 
@@ -357,49 +433,55 @@ impl KeyValueStore for RocksDbStore {
             Order::Reverse => IteratorMode::End,
         };
         let name = &self.name;
-        Ok(Box::new(self.db.iterator_opt(mode, read).map(
-            move |item| {
-                item.map(|(k, v)| (k.into_vec(), v.into_vec()))
-                    .map_err(|e| Error::backend(name.clone(), "scan", e))
-            },
-        )))
+        Ok(Box::new(
+            self.db
+                .db
+                .iterator_cf_opt(self.data_cf()?, read, mode)
+                .map(move |item| {
+                    item.map(|(k, v)| (k.into_vec(), v.into_vec()))
+                        .map_err(|e| Error::backend(name.clone(), "scan", e))
+                }),
+        ))
     }
 
     fn approximate_len(&self) -> Result<u64> {
         self.check_open()?;
         Ok(self
             .db
-            .property_int_value(rocksdb::properties::ESTIMATE_NUM_KEYS)
+            .db
+            .property_int_value_cf(self.data_cf()?, rocksdb::properties::ESTIMATE_NUM_KEYS)
             .map_err(|e| self.backend("estimate entry count", e))?
             .unwrap_or(0))
     }
 
+    /// Flushes every column family of the RocksDB at once (atomic flush): in a task's RocksDB
+    /// the metadata column family holds every store's position, so flushing it without every
+    /// store's data would make a position durable ahead of its data.
     fn flush(&self) -> Result<()> {
         self.check_open()?;
-        let data = self
+        let families = self
             .db
-            .cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
-            .ok_or_else(|| Error::Backend {
-                store: self.name.clone(),
-                operation: "flush",
-                source: "default column family is missing".into(),
-            })?;
+            .families
+            .iter()
+            .map(|f| self.family(f))
+            .collect::<Result<Vec<_>>>()?;
         let mut opts = FlushOptions::default();
         opts.set_wait(true);
         self.db
-            .flush_cfs_opt(&[data, self.metadata_cf()?], &opts)
+            .db
+            .flush_cfs_opt(&families, &opts)
             .map_err(|e| self.backend("flush", e))
     }
 
     /// Flushes, then refuses further operations. The directory's lock is released when the
-    /// handle is dropped.
+    /// last handle on its RocksDB is dropped.
     fn close(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Ok(());
         }
         self.flush()?;
         self.closed.store(true, Ordering::Release);
-        tracing::debug!(path = %self.path.display(), "closed RocksDB store");
+        tracing::debug!(store = %self.name, "closed RocksDB store");
         Ok(())
     }
 }

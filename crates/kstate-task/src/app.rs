@@ -32,10 +32,11 @@ impl App {
     /// Checks the inputs (they exist and are co-partitioned) and starts the workers.
     pub fn start(self) -> Result<Running, TaskError> {
         let partitions = input_partitions(&self.config)?;
-        // Every store holds files open: make room for as many as the hard limit allows.
+        // Every task's RocksDB holds files open: make room for as many as the hard limit allows.
         crate::open_files::raise_for(crate::open_files::needed(
             partitions,
             self.config.stores.len(),
+            self.config.rocksdb.open_files_cap(),
         ));
         let shared = Arc::new(AppShared::new(self.config, self.factory, partitions));
         let state = shared.state.subscribe();

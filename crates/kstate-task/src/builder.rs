@@ -143,7 +143,7 @@ impl AppBuilder {
         self
     }
 
-    /// Where the stores live: `<dir>/<app-id>/<partition>/<store>`. Default: the system's
+    /// Where the stores live: task *p*'s in one RocksDB at `<dir>/<app-id>/<p>/`. Default: the system's
     /// temporary directory + `kstate` (set it: a temporary directory may not survive a reboot,
     /// and then every restart restores in full).
     pub fn state_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {

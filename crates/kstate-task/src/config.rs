@@ -273,12 +273,11 @@ impl AppConfig {
             .then(|| format!("{}-{}-{index}", self.application_id, self.instance_id))
     }
 
-    /// `<state-dir>/<app-id>/<p>/<store>`.
-    pub(crate) fn store_dir(&self, partition: i32, store: &str) -> PathBuf {
+    /// `<state-dir>/<app-id>/<p>`: the RocksDB of task `p`, its stores column families in it.
+    pub(crate) fn task_dir(&self, partition: i32) -> PathBuf {
         self.state_dir
             .join(&self.application_id)
             .join(partition.to_string())
-            .join(store)
     }
 
     /// What the consumer does where a partition has no committed offset

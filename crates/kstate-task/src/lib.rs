@@ -5,8 +5,10 @@
 //! - Task *p* is partition *p* of every input topic (co-partitioned; checked at start), and runs
 //!   only on a worker that holds all of them, one worker at a time: with several inputs the
 //!   group protocol must co-partition ([`GroupProtocol`]; `build()` refuses one that does not).
-//!   Its store `s` lives in `<state-dir>/<app-id>/<p>/<s>`, logged to `<app-id>-<s>-changelog`
-//!   partition *p*.
+//!   Its stores live in one RocksDB, `<state-dir>/<app-id>/<p>/` (a
+//!   [`TaskDb`](kstate_rocksdb::TaskDb): store `s` is a column family, and one atomic flush
+//!   covers them all), store `s` logged to `<app-id>-<s>-changelog` partition *p*. Stores the
+//!   older layout left (`<p>/<s>/`, a RocksDB each) move in when the task first opens.
 //! - A record that cannot be processed goes to the application's [`ErrorPolicy`]; a panic fails
 //!   the application with [`TaskError::Panicked`], and nothing of the record is committed under
 //!   exactly-once.

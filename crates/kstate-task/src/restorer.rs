@@ -13,6 +13,8 @@
 //! worker never waits for an answer that cannot come.
 //! Each thread keeps one set of Kafka clients for all its restores ([`RestoreClients`]): a cold
 //! set costs about a second per store, which a failover that moves many tasks would pay for each.
+//! A job opens the task's RocksDB ([`TaskDb`]) once and restores its stores into it one after
+//! another.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender};
@@ -21,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use kstate_kafka::{
     BatchRestored, CancelToken, ChangelogConfig, ChangelogError, OpenHooks, RestoreClients,
-    RestoreListener, RestoreReport, RestoreStart, RestoredStore,
+    RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation,
 };
-use kstate_rocksdb::RocksDbOptions;
+use kstate_rocksdb::{OpenError, RocksDbOptions, TaskDb};
 
 use crate::error::{TaskError, panic_message};
 use crate::ids::TaskId;
@@ -34,8 +36,10 @@ pub(crate) struct Job {
     /// Tells this job's result from an earlier, cancelled job of the same task.
     pub(crate) id: u64,
     pub(crate) task: TaskId,
-    /// Each store's directory and changelog, in declaration order.
-    pub(crate) stores: Vec<(PathBuf, ChangelogConfig)>,
+    /// The task's RocksDB directory.
+    pub(crate) dir: PathBuf,
+    /// Each store's name and changelog, in declaration order.
+    pub(crate) stores: Vec<(String, ChangelogConfig)>,
     pub(crate) cancel: CancelToken,
     pub(crate) progress: Arc<Progress>,
 }
@@ -65,23 +69,41 @@ impl RestoreListener for Both {
     }
 }
 
-/// How long a restore waits for a store directory another task of this process still holds
-/// (a task moved between two workers of the process, or revoked while restoring, is closing).
+/// How long a restore waits for a task's RocksDB directory another task of this process still
+/// holds (a task moved between two workers of the process, or revoked while restoring, is
+/// closing).
 const DIRECTORY_WAIT: Duration = Duration::from_secs(60);
 
-/// Whether an open failed because the store's directory is open (RocksDB's LOCK is held):
-/// another task of this process is still closing it.
-fn directory_held(error: &ChangelogError) -> bool {
-    matches!(
-        error,
-        ChangelogError::Open(kstate_rocksdb::OpenError::AlreadyOpen { .. })
-    )
+/// Whether an open failed because the RocksDB directory is open (its LOCK is held): another
+/// task of this process is still closing it.
+fn directory_held(error: &OpenError) -> bool {
+    matches!(error, OpenError::AlreadyOpen { .. })
 }
 
-/// Restores one store; waits while RocksDB's lock on its directory is still held here.
+/// Opens the task's RocksDB; waits while its lock is still held here.
+#[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
+fn open_task_db(
+    dir: &Path,
+    stores: &[&str],
+    options: &RocksDbOptions,
+    cancel: &CancelToken,
+) -> Result<TaskDb, ChangelogError> {
+    let deadline = Instant::now() + DIRECTORY_WAIT;
+    loop {
+        match TaskDb::open(dir, stores, options) {
+            Err(e) if directory_held(&e) && Instant::now() < deadline && !cancel.is_cancelled() => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            result => return result.map_err(ChangelogError::Open),
+        }
+    }
+}
+
+/// Restores one store of the task's RocksDB.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
 fn restore_one(
-    path: &Path,
+    db: &TaskDb,
+    name: &str,
     options: &RocksDbOptions,
     config: ChangelogConfig,
     hooks: &OpenHooks,
@@ -91,18 +113,11 @@ fn restore_one(
         Some(c) if c.suits(&config) => c,
         _ => clients.insert(RestoreClients::new(&config)?),
     };
-    let deadline = Instant::now() + DIRECTORY_WAIT;
-    loop {
-        match RestoredStore::restore_with(path, options, config.clone(), hooks, clients) {
-            Err(e) if directory_held(&e) && Instant::now() < deadline => {
-                if hooks.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
-                    return Err(e);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            result => return result,
-        }
-    }
+    let location = StoreLocation::InTask {
+        db: db.clone(),
+        name: name.to_string(),
+    };
+    RestoredStore::restore_with(location, options, config, hooks, clients)
 }
 
 /// Runs jobs until the job channel closes. Several restorer threads of one worker share its
@@ -147,7 +162,7 @@ pub(crate) fn run(
     }
 }
 
-/// Restores every store of one task, in declaration order.
+/// Restores every store of one task.
 fn restore_job(
     job: Job,
     options: &RocksDbOptions,
@@ -164,29 +179,27 @@ fn restore_job(
         record_check: None,
         cancel: Some(job.cancel.clone()),
     };
-    let mut restored = Vec::with_capacity(job.stores.len());
-    let mut result = Ok(());
-    for (path, config) in job.stores {
-        if let Err(e) = std::fs::create_dir_all(path.parent().unwrap_or(&path)) {
-            result = Err(ChangelogError::Store(kstate_core::Error::backend(
-                path.display().to_string(),
-                "create the task's state directory",
-                e,
-            )));
-            break;
-        }
-        match restore_one(&path, options, config, &hooks, clients) {
-            Ok(store) => restored.push(store),
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
-        }
-    }
+    let result = restore_stores(&job.dir, job.stores, options, &hooks, clients);
     job.progress.finish();
-    result
-        .map(|()| restored)
-        .map_err(|source| TaskError::restore(job.task, source))
+    result.map_err(|source| TaskError::restore(job.task, source))
+}
+
+/// Opens the task's RocksDB at `dir` and restores its stores, in declaration order.
+#[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
+fn restore_stores(
+    dir: &Path,
+    stores: Vec<(String, ChangelogConfig)>,
+    options: &RocksDbOptions,
+    hooks: &OpenHooks,
+    clients: &mut Option<RestoreClients>,
+) -> Result<Vec<RestoredStore>, ChangelogError> {
+    let names: Vec<&str> = stores.iter().map(|(name, _)| name.as_str()).collect();
+    let cancel = hooks.cancel.clone().unwrap_or_default();
+    let db = open_task_db(dir, &names, options, &cancel)?;
+    stores
+        .into_iter()
+        .map(|(name, config)| restore_one(&db, &name, options, config, hooks, clients))
+        .collect()
 }
 
 #[cfg(test)]
@@ -205,9 +218,9 @@ mod tests {
         let Err(again) = RocksDbStore::open(&path, &RocksDbOptions::default()) else {
             panic!("the directory is held, a second open must fail");
         };
-        assert!(directory_held(&ChangelogError::Open(again)));
-        let mentions_lock = ChangelogError::InvalidConfig {
-            topic: "CLOCK-counts-changelog".into(),
+        assert!(directory_held(&again));
+        let mentions_lock = OpenError::Layout {
+            path: path.join("BLOCKS"),
             message: "LOCK appears in this text".into(),
         };
         assert!(!directory_held(&mentions_lock));

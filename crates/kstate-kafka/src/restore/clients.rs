@@ -11,6 +11,17 @@
 //!
 //! The replaying consumer is unassigned when a restore ends, however it ends; librdkafka drops
 //! messages of a removed assignment, so the next restore reads only its own partition.
+//!
+//! The set also remembers, for [`TOPIC_CHECK_TTL`], which changelog topics it found as their
+//! configurations require ([`crate::topic`]): a task runtime restores one store per partition of
+//! the same few topics, and checking each topic again for every partition cost three round
+//! trips (two metadata requests and a `DescribeConfigs`) per store. Within that time only the
+//! end offsets of each partition are asked for; if that fails (the topic deleted meanwhile),
+//! the restore checks the topic again before it reports anything.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
@@ -23,7 +34,7 @@ use crate::client_properties::ClientProperties;
 use crate::config::ChangelogConfig;
 use crate::connection::ConnectionWatch;
 use crate::error::ChangelogError;
-use crate::topic::kafka;
+use crate::topic::{CheckedTopic, TopicFacts, kafka};
 
 /// The clients of restores against one cluster (the same bootstrap servers and client
 /// properties). Not for concurrent restores: one restore at a time uses a set.
@@ -36,6 +47,34 @@ pub struct RestoreClients {
     pub(crate) admin: AdminClient<DefaultClientContext>,
     /// `read_committed`: replays.
     pub(crate) consumer: BaseConsumer,
+    /// Topics found as their configurations require, and when.
+    checked: Mutex<HashMap<TopicCheck, (Instant, CheckedTopic)>>,
+}
+
+/// How long a topic found as its configuration requires is not checked again.
+pub(crate) const TOPIC_CHECK_TTL: Duration = Duration::from_secs(10);
+
+/// A topic and what a configuration requires of it: two stores' configurations that require the
+/// same share one check.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct TopicCheck {
+    topic: String,
+    partitions: Option<i32>,
+    replication_factor: i32,
+    min_insync_replicas: Option<i32>,
+    max_record_bytes: usize,
+}
+
+impl TopicCheck {
+    fn of(config: &ChangelogConfig) -> Self {
+        TopicCheck {
+            topic: config.topic.clone(),
+            partitions: config.partitions,
+            replication_factor: config.replication_factor,
+            min_insync_replicas: config.min_insync_replicas,
+            max_record_bytes: config.max_record_bytes,
+        }
+    }
 }
 
 impl std::fmt::Debug for RestoreClients {
@@ -79,7 +118,26 @@ impl RestoreClients {
             probe,
             admin,
             consumer,
+            checked: Mutex::default(),
         })
+    }
+
+    /// What a check of `config`'s topic found less than [`TOPIC_CHECK_TTL`] ago, if its
+    /// partition is there with enough replicas.
+    pub(crate) fn checked(&self, config: &ChangelogConfig) -> Option<TopicFacts> {
+        let checked = self.checked.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, topic) = checked.get(&TopicCheck::of(config))?;
+        let fits =
+            config.partition < topic.partitions && topic.min_replicas >= config.replication_factor;
+        (at.elapsed() < TOPIC_CHECK_TTL && fits).then(|| topic.facts.clone())
+    }
+
+    /// Remembers that `config`'s topic was found as it requires.
+    pub(crate) fn remember(&self, config: &ChangelogConfig, topic: CheckedTopic) {
+        self.checked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(TopicCheck::of(config), (Instant::now(), topic));
     }
 
     /// Whether these clients talk to the cluster `config` names, as `config` would.

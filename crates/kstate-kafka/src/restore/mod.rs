@@ -18,13 +18,15 @@
 //! A restore ends at the end captured in step 3; records written later are the store's own (or,
 //! if another writer's, poison it: see the producer's offset checks).
 
+mod adopt;
 mod clients;
 mod end;
+mod location;
 mod replay;
 mod trust;
 mod wipe;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -38,6 +40,7 @@ use crate::position::ChangelogPosition;
 use crate::topic::{TopicFacts, ensure_topic};
 
 pub use clients::RestoreClients;
+pub use location::StoreLocation;
 
 /// The restore consumer's fetch settings, measured on 1,000,000-record restores (BENCHMARKS.md).
 /// Once the local queue is full, librdkafka postpones the next fetch by `fetch.queue.backoff.ms`
@@ -172,16 +175,16 @@ impl std::fmt::Debug for RestoredStore {
 }
 
 impl RestoredStore {
-    /// Opens the store at `path` and replays what it lacks of `config`'s changelog, up to the
-    /// end captured when the restore starts.
+    /// Opens the store at `location` (a directory, or a store of a task's RocksDB) and replays
+    /// what it lacks of `config`'s changelog, up to the end captured when the restore starts.
     pub fn restore(
-        path: impl AsRef<Path>,
+        location: impl Into<StoreLocation>,
         options: &RocksDbOptions,
         config: ChangelogConfig,
         hooks: &OpenHooks,
     ) -> Result<Self, ChangelogError> {
         let clients = RestoreClients::new(&config)?;
-        Self::restore_with(path, options, config, hooks, &clients)
+        Self::restore_with(location, options, config, hooks, &clients)
     }
 
     /// [`restore`](Self::restore) through clients kept from earlier restores (see
@@ -190,7 +193,7 @@ impl RestoredStore {
     ///
     /// [`InvalidConfig`]: ChangelogError::InvalidConfig
     pub fn restore_with(
-        path: impl AsRef<Path>,
+        location: impl Into<StoreLocation>,
         options: &RocksDbOptions,
         config: ChangelogConfig,
         hooks: &OpenHooks,
@@ -206,10 +209,10 @@ impl RestoredStore {
                 ),
             });
         }
-        let path = path.as_ref();
-        let restored = restore(path, options, &config, hooks, clients, false)?;
+        let location = location.into();
+        let restored = restore(&location, options, &config, hooks, clients, false)?;
         Ok(RestoredStore {
-            path: path.to_path_buf(),
+            path: location.path(),
             config,
             restored,
         })
@@ -229,12 +232,12 @@ impl RestoredStore {
     }
 }
 
-/// Restores the store at `path`, then keeps applying the changelog's new records as they arrive
+/// Restores the store at `location`, then keeps applying the changelog's new records as they arrive
 /// (a standby replica) until `stop` is cancelled; then closes the store and returns what was
 /// applied. Promoting the standby is an ordinary open of the same directory, which replays only
 /// the records written since the follower's last batch.
 pub fn follow_changelog(
-    path: impl AsRef<Path>,
+    location: impl Into<StoreLocation>,
     options: &RocksDbOptions,
     config: &ChangelogConfig,
     listener: Option<Arc<dyn RestoreListener>>,
@@ -246,7 +249,8 @@ pub fn follow_changelog(
         cancel: Some(stop.clone()),
     };
     let clients = RestoreClients::new(config)?;
-    let restored = restore(path.as_ref(), options, config, &hooks, &clients, true)?;
+    let location = location.into();
+    let restored = restore(&location, options, config, &hooks, &clients, true)?;
     restored.store.close()?;
     Ok(restored.report)
 }
@@ -264,9 +268,26 @@ pub(crate) struct Restored {
     pub(crate) topic: TopicFacts,
 }
 
-/// Opens the store at `path` and brings it up to the changelog's current end.
+/// Checks the topic (creating it when `create` allows) and captures its end; also returns when
+/// the restore's own time starts (the topic check is the open's).
+#[allow(clippy::type_complexity)]
+fn check_and_capture(
+    config: &ChangelogConfig,
+    clients: &RestoreClients,
+    create: bool,
+) -> Result<(Option<TopicFacts>, Option<end::Watermarks>, Instant), ChangelogError> {
+    let facts = ensure_topic(config, clients, create)?;
+    let started = Instant::now();
+    let watermarks = match facts {
+        Some(_) => Some(end::capture_end(config, &clients.probe, &clients.consumer)?),
+        None => None,
+    };
+    Ok((facts, watermarks, started))
+}
+
+/// Opens the store at `location` and brings it up to the changelog's current end.
 pub(crate) fn restore(
-    path: &Path,
+    location: &StoreLocation,
     options: &RocksDbOptions,
     config: &ChangelogConfig,
     hooks: &OpenHooks,
@@ -279,21 +300,27 @@ pub(crate) fn restore(
     let span = tracing::info_span!("restore", topic, partition);
     let _entered = span.enter();
 
-    let mut store = RocksDbStore::open(path, options)?;
-    wipe::remove_leftover_copies(path);
+    let path = location.path();
+    let path = path.as_path();
+    let mut store = location.open(options)?;
     let position = ChangelogPosition::read(&store)?;
 
     // A store that holds a position never recreates its missing changelog on its own.
     let create = position.is_none() || config.lost_changelog != LostChangelog::Refuse;
-    let topic_facts = ensure_topic(config, clients, create)?;
-    // The restore's own time starts here: the topic check is the open's.
-    let started = Instant::now();
     let consumer = &clients.consumer;
     // However the restore ends, the consumer leaves this partition for the next restore.
     let _unassign = clients::Unassign(consumer);
-    let watermarks = match topic_facts {
-        Some(_) => Some(end::capture_end(config, &clients.probe, consumer)?),
-        None => None,
+    let started = Instant::now();
+    let (topic_facts, watermarks, started) = match clients.checked(config) {
+        Some(facts) => match end::capture_end(config, &clients.probe, consumer) {
+            Ok(watermarks) => (Some(facts), Some(watermarks), started),
+            // What a recent check found is out of date (the topic deleted since?): check again.
+            Err(e) => {
+                tracing::debug!(error = %e, "end offsets failed after a recent topic check; checking the topic again");
+                check_and_capture(config, clients, create)?
+            }
+        },
+        None => check_and_capture(config, clients, create)?,
     };
 
     let plan = trust::decide(&trust::Facts {
@@ -316,9 +343,7 @@ pub(crate) fn restore(
         trust::Plan::FromStart { wipe } => {
             if let Some(reason) = &wipe {
                 tracing::warn!(%reason, path = %path.display(), "wiping the store and rebuilding it from the changelog");
-                drop(store);
-                wipe::wipe(path)?;
-                store = RocksDbStore::open(path, options)?;
+                store = location.wipe(store, options)?;
             }
             (watermarks.low, wipe, true, None)
         }

@@ -165,12 +165,13 @@ impl Core {
         let job = Job {
             id: self.next_job,
             task: TaskId { partition },
+            dir: config.task_dir(partition),
             stores: config
                 .stores
                 .iter()
                 .map(|s| {
                     (
-                        config.store_dir(partition, &s.name),
+                        s.name.clone(),
                         config.changelog(&s.name, partition, self.app.partitions),
                     )
                 })

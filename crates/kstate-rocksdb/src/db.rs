@@ -1,0 +1,232 @@
+//! One open RocksDB and what every store handle on it shares: the column families, the options
+//! SST files for ingestion are written with, and the layout it was written in.
+//!
+//! Two layouts exist, told apart by a record in the metadata column family
+//! ([`LAYOUT_KEY`]):
+//! - **store** (no record; what kstate wrote first): the directory holds one store, its data in
+//!   the `default` column family, its metadata unprefixed.
+//! - **task** ([`Layout::Task`]): the directory holds the stores of one stream task, each in
+//!   column family `store.<name>`, each store's metadata under the prefix `store.<name>/`. One
+//!   atomic flush covers every store of the task, so whatever a crash leaves is one consistent
+//!   point of all of them, and the task pays for one RocksDB (its `LOCK`, `MANIFEST`, log file
+//!   and directory handle) instead of one per store.
+//!
+//! Opening a directory in the other layout's API is a typed error ([`OpenError::WrongLayout`]),
+//! never a silent reinterpretation.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+
+use rocksdb::{ColumnFamilyDescriptor, DB, Options};
+
+use crate::error::OpenError;
+use crate::options::RocksDbOptions;
+
+/// The column family that holds metadata records.
+pub const METADATA_CF: &str = "kstate_meta";
+
+/// The metadata record (unprefixed) that names a directory's layout; absent in the store layout.
+pub(crate) const LAYOUT_KEY: &[u8] = b"kstate.layout.version";
+
+/// The layout version of a task's RocksDB.
+pub(crate) const TASK_LAYOUT_VERSION: u32 = 2;
+
+/// How a directory's stores are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One store per directory (data in `default`).
+    Store,
+    /// The stores of one task, one column family each.
+    Task,
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Layout::Store => "one store per directory",
+            Layout::Task => "a task's stores, one column family each",
+        })
+    }
+}
+
+/// What the column families of a task's stores are named: `store.<name>`.
+pub(crate) const STORE_CF_PREFIX: &str = "store.";
+
+/// The column family of a task's store `name`.
+pub(crate) fn store_cf(name: &str) -> String {
+    format!("{STORE_CF_PREFIX}{name}")
+}
+
+/// `ingest_sorted` names its files `kstate-ingest-<n>.sst`.
+pub(crate) const INGEST_PREFIX: &str = "kstate-ingest-";
+pub(crate) const INGEST_SUFFIX: &str = ".sst";
+
+/// Whether `name` is one `ingest_sorted` gives its files.
+pub(crate) fn is_ingest_file(name: &str) -> bool {
+    name.strip_prefix(INGEST_PREFIX)
+        .and_then(|rest| rest.strip_suffix(INGEST_SUFFIX))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Deletes the files an `ingest_sorted` killed before its ingest left in the directory at
+/// `path`, which the caller has just locked (so none of them is being written). A failure only
+/// warns: the file wastes space, nothing more.
+fn remove_leftover_ingest_files(path: &Path) {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if !is_file || !entry.file_name().to_str().is_some_and(is_ingest_file) {
+            continue;
+        }
+        let file = entry.path();
+        match std::fs::remove_file(&file) {
+            Ok(()) => {
+                tracing::warn!(path = %file.display(), "deleted an SST file an interrupted bulk load left behind");
+            }
+            Err(e) => {
+                tracing::warn!(path = %file.display(), error = %e, "could not delete an SST file an interrupted bulk load left behind");
+            }
+        }
+    }
+}
+
+/// An open RocksDB, shared by the handles of its stores; closed when the last one drops.
+pub(crate) struct Db {
+    pub(crate) db: DB,
+    pub(crate) path: PathBuf,
+    /// Every column family, for flushes that must cover them all.
+    pub(crate) families: Vec<String>,
+    /// The options SST files for ingestion are written with.
+    pub(crate) sst_options: Options,
+    /// Numbers `ingest_sorted`'s files.
+    pub(crate) ingested: AtomicU64,
+}
+
+impl Db {
+    /// Opens (creating if needed, unless `must_exist`) the RocksDB at `path` in `layout`, with
+    /// column families `extra` besides those it has.
+    pub(crate) fn open(
+        path: &Path,
+        options: &RocksDbOptions,
+        layout: Layout,
+        extra: &[String],
+        must_exist: bool,
+    ) -> Result<Db, OpenError> {
+        let path = path.to_path_buf();
+        if path.exists() && !path.is_dir() {
+            return Err(OpenError::NotADirectory { path });
+        }
+        let existed = path.join("CURRENT").is_file();
+        if must_exist && !existed {
+            return Err(OpenError::NotFound { path });
+        }
+        std::fs::create_dir_all(&path).map_err(|e| OpenError::from_io(path.clone(), e))?;
+        let opts = options.to_rocksdb();
+        let mut families = vec![
+            rocksdb::DEFAULT_COLUMN_FAMILY_NAME.to_string(),
+            METADATA_CF.to_string(),
+        ];
+        let mut had_store_families = false;
+        if existed {
+            let listed =
+                DB::list_cf(&opts, &path).map_err(|e| OpenError::from_rocks(path.clone(), e))?;
+            had_store_families = listed.iter().any(|f| f.starts_with(STORE_CF_PREFIX));
+            families.extend(listed);
+        }
+        families.extend(extra.iter().cloned());
+        let mut seen = std::collections::BTreeSet::new();
+        families.retain(|f| seen.insert(f.clone()));
+        let descriptors = families
+            .iter()
+            .map(|f| ColumnFamilyDescriptor::new(f, opts.clone()));
+        let db = DB::open_cf_descriptors(&opts, &path, descriptors)
+            .map_err(|e| OpenError::from_rocks(path.clone(), e))?;
+        // No layout record: a task's RocksDB whose creation was cut short (its column families
+        // are made before the record is written and flushed), a single store, or nothing yet.
+        let found = match read_layout(&db, &path)? {
+            Some(found) => found,
+            None if had_store_families => Layout::Task,
+            None if existed
+                && (has_any(&db, rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
+                    || has_any(&db, METADATA_CF)) =>
+            {
+                Layout::Store
+            }
+            None => layout,
+        };
+        if found != layout {
+            return Err(OpenError::WrongLayout {
+                path,
+                found,
+                wanted: layout,
+            });
+        }
+        if layout == Layout::Task {
+            write_layout(&db, &path)?;
+        }
+        remove_leftover_ingest_files(&path);
+        tracing::debug!(path = %path.display(), %layout, "opened RocksDB (WAL disabled)");
+        Ok(Db {
+            db,
+            path,
+
+            families,
+            sst_options: options.to_rocksdb_for_ingestion(),
+            ingested: AtomicU64::new(0),
+        })
+    }
+}
+
+/// Whether column family `cf` holds any key (a store-layout directory's data or metadata).
+fn has_any(db: &DB, cf: &str) -> bool {
+    db.cf_handle(cf).is_some_and(|cf| {
+        db.iterator_cf(cf, rocksdb::IteratorMode::Start)
+            .next()
+            .is_some()
+    })
+}
+
+fn meta<'d>(db: &'d DB, path: &Path) -> Result<&'d rocksdb::ColumnFamily, OpenError> {
+    db.cf_handle(METADATA_CF).ok_or_else(|| OpenError::Layout {
+        path: path.to_path_buf(),
+        message: format!("column family {METADATA_CF} is missing"),
+    })
+}
+
+fn read_layout(db: &DB, path: &Path) -> Result<Option<Layout>, OpenError> {
+    let value = db
+        .get_cf(meta(db, path)?, LAYOUT_KEY)
+        .map_err(|e| OpenError::from_rocks(path.to_path_buf(), e))?;
+    match value {
+        None => Ok(None),
+        Some(v) if v == TASK_LAYOUT_VERSION.to_be_bytes() => Ok(Some(Layout::Task)),
+        Some(v) => Err(OpenError::Layout {
+            path: path.to_path_buf(),
+            message: format!(
+                "layout version {} (this kstate knows {TASK_LAYOUT_VERSION}): written by a newer kstate?",
+                kstate_core::HexBytes(&v)
+            ),
+        }),
+    }
+}
+
+/// Marks a task's RocksDB as such, durably, before any store writes to it.
+fn write_layout(db: &DB, path: &Path) -> Result<(), OpenError> {
+    let failed = |e| OpenError::from_rocks(path.to_path_buf(), e);
+    let meta = meta(db, path)?;
+    if db.get_cf(meta, LAYOUT_KEY).map_err(failed)?.is_some() {
+        return Ok(());
+    }
+    db.put_cf_opt(
+        meta,
+        LAYOUT_KEY,
+        TASK_LAYOUT_VERSION.to_be_bytes(),
+        &crate::store::wal_free_write_options(),
+    )
+    .map_err(failed)?;
+    let mut flush = rocksdb::FlushOptions::default();
+    flush.set_wait(true);
+    db.flush_cf_opt(meta, &flush).map_err(failed)
+}

@@ -1,0 +1,167 @@
+//! A task's stores in one RocksDB, against a real broker: a store the older
+//! one-directory-per-store layout left is moved into its task's RocksDB with its data and its
+//! position (nothing replayed, nothing lost), and a rebuild of one store of a task (records
+//! deleted below its position) wipes that store alone.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
+mod common;
+
+use anyhow::{Context, Result, ensure};
+use kstate::kstate_core::KeyValueStore;
+use kstate::kstate_kafka::{
+    ChangelogConfig, Durability, LoggedStore, OpenHooks, RestoredStore, StoreLocation,
+};
+use kstate::kstate_rocksdb::{RocksDbOptions, TaskDb};
+use kstate_test_broker::{bootstrap_servers, unique_topic};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::{Offset, TopicPartitionList};
+
+fn config(topic: &str) -> Result<ChangelogConfig> {
+    Ok(common::changelog(topic)?.durability(Durability::Async))
+}
+
+fn keys(store: &dyn KeyValueStore) -> Result<Vec<String>> {
+    store.all()?.map(|e| Ok(String::from_utf8(e?.0)?)).collect()
+}
+
+fn in_task(db: &TaskDb, name: &str) -> StoreLocation {
+    StoreLocation::InTask {
+        db: db.clone(),
+        name: name.into(),
+    }
+}
+
+#[test]
+fn a_store_of_the_old_layout_moves_into_its_tasks_rocksdb_with_its_position() -> Result<()> {
+    let (counts, totals) = (unique_topic("adopt-counts"), unique_topic("adopt-totals"));
+    let dir = tempfile::tempdir()?;
+    let task = dir.path().join("0");
+    // What kstate wrote before: <task>/<store>, one RocksDB each.
+    for (name, topic, n) in [("counts", &counts, 120), ("totals", &totals, 30)] {
+        let store = LoggedStore::open(task.join(name), &RocksDbOptions::default(), config(topic)?)?;
+        common::write_keys(&store, 0..n)?;
+        store.close()?;
+    }
+
+    let db = TaskDb::open(&task, &["counts", "totals"], &RocksDbOptions::default())?;
+    for (name, topic, n) in [("counts", &counts, 120), ("totals", &totals, 30)] {
+        let restored = RestoredStore::restore(
+            in_task(&db, name),
+            &RocksDbOptions::default(),
+            config(topic)?,
+            &OpenHooks::default(),
+        )?;
+        let report = restored.report().clone();
+        ensure!(
+            report.start.rebuild_reason.is_none() && report.records == 0,
+            "store {name} was replayed instead of moved: {report:?}"
+        );
+        ensure!(
+            report.start.start_offset == n as i64,
+            "store {name} resumed at {} instead of after its position {}",
+            report.start.start_offset,
+            n - 1
+        );
+        restored.close()?;
+        ensure!(
+            !task.join(name).exists(),
+            "the old directory of {name} is still there"
+        );
+        let store = db.store(name)?;
+        let want: Vec<String> = (0..n).map(|i| format!("key-{i:04}")).collect();
+        ensure!(
+            keys(&store)? == want,
+            "store {name} lost entries in the move"
+        );
+    }
+    // Written to after the move, and reopened: the new layout holds.
+    drop(db);
+    let db = TaskDb::open(&task, &["counts", "totals"], &RocksDbOptions::default())?;
+    let store = LoggedStore::open(
+        in_task(&db, "counts"),
+        &RocksDbOptions::default(),
+        config(&counts)?,
+    )?;
+    ensure!(
+        store.restore_report().records == 0,
+        "{:?}",
+        store.restore_report()
+    );
+    common::write_keys(&store, 120..130)?;
+    store.close()?;
+    drop(store);
+    let store = db.store("counts")?;
+    ensure!(keys(&store)?.len() == 130);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rebuild_of_one_store_of_a_task_leaves_its_other_stores_alone() -> Result<()> {
+    let (counts, totals) = (
+        unique_topic("rebuild-counts"),
+        unique_topic("rebuild-totals"),
+    );
+    common::create_topic(&bootstrap_servers()?, &counts, 1, "compact,delete").await?;
+    let dir = tempfile::tempdir()?;
+    let db = TaskDb::open(
+        dir.path(),
+        &["counts", "totals"],
+        &RocksDbOptions::default(),
+    )?;
+    for (name, topic) in [("counts", &counts), ("totals", &totals)] {
+        let store = LoggedStore::open(
+            in_task(&db, name),
+            &RocksDbOptions::default(),
+            config(topic)?,
+        )?;
+        common::write_keys(&store, 0..100)?; // offsets 0..=99
+        store.close()?;
+    }
+    // Another writer moves the changelog on (offsets 100..=149), and the records up to 119 are
+    // deleted: the counts store's position (99) is below what the log still has, so it must
+    // rebuild.
+    let other = LoggedStore::open(
+        dir.path().join("elsewhere"),
+        &RocksDbOptions::default(),
+        config(&counts)?,
+    )?;
+    common::write_keys(&other, 100..150)?;
+    other.close()?;
+    drop(other);
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    let mut before = TopicPartitionList::new();
+    before.add_partition_offset(&counts, 0, Offset::Offset(120))?;
+    admin.delete_records(&before, &AdminOptions::new()).await?;
+
+    let store = LoggedStore::open(
+        in_task(&db, "counts"),
+        &RocksDbOptions::default(),
+        config(&counts)?,
+    )?;
+    let report = store.restore_report();
+    ensure!(
+        report.start.rebuild_reason.is_some() && report.start.start_offset == 120,
+        "expected a rebuild from offset 120: {report:?}"
+    );
+    let want: Vec<String> = (120..150).map(|i| format!("key-{i:04}")).collect();
+    ensure!(
+        keys(&store)? == want,
+        "the rebuilt store holds what the log still has"
+    );
+    store.close()?;
+    drop(store);
+    let totals_store = db.store("totals")?;
+    ensure!(
+        keys(&totals_store)?.len() == 100,
+        "the rebuild of counts touched totals"
+    );
+    let position = kstate::kstate_kafka::ChangelogPosition::read(&totals_store)?
+        .context("totals kept its position")?;
+    ensure!(position.offset == 99, "{position:?}");
+    Ok(())
+}
