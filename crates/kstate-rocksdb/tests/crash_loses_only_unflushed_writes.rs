@@ -8,8 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
 
 use kstate_core::KeyValueStore;
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
@@ -40,7 +39,7 @@ fn crash_child_writes_then_waits() {
     for i in 0..100 {
         store.put(&key(i), b"overwritten-unflushed").unwrap();
     }
-    println!("KSTATE-CHILD-READY");
+    println!("{}", common::READY);
     std::thread::sleep(std::time::Duration::from_secs(300));
     panic!("the parent should have killed this process");
 }
@@ -48,26 +47,8 @@ fn crash_child_writes_then_waits() {
 #[test]
 fn sigkill_after_flush_keeps_exactly_the_flushed_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "crash_child_writes_then_waits",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let ready = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .any(|line| line.contains("KSTATE-CHILD-READY"));
-    assert!(
-        ready,
-        "the child exited before writing; see its output above"
-    );
+    let mut child =
+        common::spawn_until_ready("crash_child_writes_then_waits", CHILD_ENV, dir.path());
     child.kill().unwrap(); // SIGKILL on Unix: no destructor, no RocksDB shutdown flush
     let status = child.wait().unwrap();
     assert!(

@@ -5,8 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
+
 use std::time::Duration;
 
 use kstate_core::KeyValueStore;
@@ -182,7 +182,7 @@ fn crash_child_writes_rounds_to_every_store_until_killed() {
             stores[round as usize % STORES.len()].flush().unwrap();
         }
         if round == 20_000 {
-            println!("KSTATE-CHILD-READY");
+            println!("{}", common::READY);
         }
     }
 }
@@ -191,25 +191,10 @@ fn crash_child_writes_rounds_to_every_store_until_killed() {
 fn a_sigkill_mid_flush_leaves_every_store_of_the_task_at_one_consistent_point() {
     for kill in 0..5u64 {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "crash_child_writes_rounds_to_every_store_until_killed",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let ready = BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .any(|line| line.contains("KSTATE-CHILD-READY"));
-        assert!(
-            ready,
-            "the child exited before writing; see its output above"
+        let mut child = common::spawn_until_ready(
+            "crash_child_writes_rounds_to_every_store_until_killed",
+            CHILD_ENV,
+            dir.path(),
         );
         std::thread::sleep(Duration::from_millis(13 * kill));
         child.kill().unwrap(); // SIGKILL: no destructor, no RocksDB shutdown flush
