@@ -263,12 +263,7 @@ impl RocksDbStore {
             .iterator_cf_opt(self.metadata_cf()?, read, IteratorMode::Start)
         {
             let (k, v) = item.map_err(|e| self.backend("read metadata", e))?;
-            let key = k[self.meta_prefix.len()..].to_vec();
-            // The layout record is the directory's, not the store's.
-            if self.meta_prefix.is_empty() && key == crate::db::LAYOUT_KEY {
-                continue;
-            }
-            entries.push((key, v.into_vec()));
+            entries.push((k[self.meta_prefix.len()..].to_vec(), v.into_vec()));
         }
         Ok(entries)
     }
