@@ -345,3 +345,111 @@ async fn waiting_for_outputs_never_reorders_a_stores_acknowledgements() -> anyho
     store.close()?;
     Ok(())
 }
+
+/// The ends a task runtime prefetches for an assignment serve the restores that resume, with no
+/// round trip of their own; an end older than what the store holds (written after the prefetch)
+/// is never taken for the partition's end: the store is decided on an end captured for it, not
+/// refused as a store of a recreated topic.
+#[tokio::test(flavor = "multi_thread")]
+async fn prefetched_ends_serve_restores_and_one_older_than_the_store_is_asked_again()
+-> anyhow::Result<()> {
+    let topic = unique_topic("prefetch");
+    let dir = tempfile::tempdir()?;
+    let config = |p: i32| -> anyhow::Result<ChangelogConfig> {
+        Ok(ChangelogConfig::new(common::client()?, topic.clone(), p)
+            .partitions(2)
+            .open_timeout(Duration::from_secs(30))
+            .delivery_timeout(Duration::from_secs(20)))
+    };
+    for p in 0..2 {
+        let store = LoggedStore::open(
+            dir.path().join(format!("p{p}")),
+            &RocksDbOptions::default(),
+            config(p)?,
+        )?;
+        common::write_keys(&store, 0..100)?;
+        store.close()?;
+    }
+    let clients = RestoreClients::new(&config(0)?)?;
+    assert_eq!(clients.prefetch_ends(&[config(0)?, config(1)?])?, 2);
+
+    // Partition 0 moves on after the prefetch: 50 records more than its prefetched end says.
+    let store = LoggedStore::open(
+        dir.path().join("p0"),
+        &RocksDbOptions::default(),
+        config(0)?,
+    )?;
+    common::write_keys(&store, 100..150)?;
+    let expected0 = common::contents(&store)?;
+    store.close()?;
+    drop(store);
+
+    let restore = |path: &str, p: i32| -> anyhow::Result<RestoredStore> {
+        Ok(RestoredStore::restore_with(
+            dir.path().join(path),
+            &RocksDbOptions::default(),
+            config(p)?,
+            &OpenHooks::default(),
+            &clients,
+        )?)
+    };
+    let restored = restore("p0", 0)?;
+    assert_eq!(
+        restored.report().start.end_offset,
+        150,
+        "the end asked again"
+    );
+    assert_eq!(restored.report().records, 0);
+    restored.close()?;
+    let reopened = LoggedStore::open(
+        dir.path().join("p0"),
+        &RocksDbOptions::default(),
+        config(0)?,
+    )?;
+    assert_eq!(common::contents(&reopened)?, expected0);
+    reopened.close()?;
+
+    // Partition 1's prefetched end is right and serves its restore ...
+    let restored = restore("p1", 1)?;
+    assert_eq!(restored.report().start.end_offset, 100);
+    assert_eq!(restored.report().records, 0);
+    restored.close()?;
+    // ... once: a second restore of the partition asks for its end itself, and replays it all.
+    let restored = restore("p1-again", 1)?;
+    assert_eq!(restored.report().start.end_offset, 100);
+    assert_eq!(restored.report().records, 100);
+    restored.close()?;
+    Ok(())
+}
+
+/// A prefetch that finds the changelog topic missing (a fresh start) leaves it alone: the
+/// restores that follow, through the same clients, find the topic once it exists, whoever
+/// created it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefetch_that_finds_no_topic_leaves_the_restores_to_find_it_once_created()
+-> anyhow::Result<()> {
+    let topic = unique_topic("prefetch-missing");
+    let dir = tempfile::tempdir()?;
+    let config = |p: i32| -> anyhow::Result<ChangelogConfig> {
+        Ok(ChangelogConfig::new(common::client()?, topic.clone(), p)
+            .partitions(2)
+            .open_timeout(Duration::from_secs(30))
+            .delivery_timeout(Duration::from_secs(20)))
+    };
+    let clients = RestoreClients::new(&config(0)?)?;
+    assert_eq!(clients.prefetch_ends(&[config(0)?, config(1)?])?, 0);
+    // Created by another client, as another restorer thread of the task runtime does.
+    common::create_topic(common::client()?, &topic, 2, "compact").await?;
+    for p in 0..2 {
+        let restored = RestoredStore::restore_with(
+            dir.path().join(format!("p{p}")),
+            &RocksDbOptions::default(),
+            config(p)?,
+            &OpenHooks::default(),
+            &clients,
+        )?;
+        assert_eq!(restored.report().records, 0, "partition {p}");
+        restored.close()?;
+    }
+    Ok(())
+}

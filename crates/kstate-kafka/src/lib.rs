@@ -49,6 +49,7 @@ pub use logged_store::LoggedStore;
 pub use position::{ChangelogPosition, FORMAT_VERSION};
 pub use producer::SharedProducer;
 pub use restore::{
-    BatchRestored, CancelToken, OpenHooks, RESTORE_FETCH_SETTINGS, RecordCheck, RestoreClients,
-    RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation, follow_changelog,
+    BatchRestored, CancelToken, OpenHooks, PREFETCHED_END_TTL, RESTORE_FETCH_SETTINGS, RecordCheck,
+    RestoreClients, RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation,
+    follow_changelog,
 };

@@ -40,8 +40,20 @@ pub(crate) struct Job {
     pub(crate) dir: PathBuf,
     /// Each store's name and changelog, in declaration order.
     pub(crate) stores: Vec<(String, ChangelogConfig)>,
+    /// The tasks assigned with this one.
+    pub(crate) batch: Arc<Batch>,
     pub(crate) cancel: CancelToken,
     pub(crate) progress: Arc<Progress>,
+}
+
+/// The tasks one assignment handed a worker: before a restorer thread restores the first of them
+/// it asks for the ends of all their changelogs at once ([`RestoreClients::prefetch_ends`]), so
+/// that a task with nothing to replay opens without a round trip to the broker of its own.
+pub(crate) struct Batch {
+    /// Tells one batch from the next.
+    pub(crate) id: u64,
+    /// The changelog of every store of every task of the batch.
+    pub(crate) changelogs: Vec<ChangelogConfig>,
 }
 
 /// A finished job: the restored stores, or why not.
@@ -99,6 +111,39 @@ fn open_task_db(
     }
 }
 
+/// The clients for `config`: those kept, if they suit it, else new ones.
+#[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
+fn clients_for<'a>(
+    config: &ChangelogConfig,
+    clients: &'a mut Option<RestoreClients>,
+) -> Result<&'a RestoreClients, ChangelogError> {
+    clients.take_if(|c| !c.suits(config));
+    Ok(match clients {
+        Some(c) => c,
+        None => clients.insert(RestoreClients::new(config)?),
+    })
+}
+
+/// Asks for the ends of the batch's changelogs at once. Only a shortcut: a failure leaves each
+/// restore to ask for its own.
+fn prefetch(batch: &Batch, clients: &mut Option<RestoreClients>) {
+    let Some(first) = batch.changelogs.first() else {
+        return;
+    };
+    let started = Instant::now();
+    match clients_for(first, clients).and_then(|c| c.prefetch_ends(&batch.changelogs)) {
+        Ok(found) => tracing::debug!(
+            changelogs = batch.changelogs.len(),
+            found,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "prefetched changelog ends"
+        ),
+        Err(e) => {
+            tracing::debug!(error = %e, "could not prefetch changelog ends; each restore asks for its own")
+        }
+    }
+}
+
 /// Restores one store of the task's RocksDB.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
 fn restore_one(
@@ -109,10 +154,7 @@ fn restore_one(
     hooks: &OpenHooks,
     clients: &mut Option<RestoreClients>,
 ) -> Result<RestoredStore, ChangelogError> {
-    let clients = match clients {
-        Some(c) if c.suits(&config) => c,
-        _ => clients.insert(RestoreClients::new(&config)?),
-    };
+    let clients = clients_for(&config, clients)?;
     let location = StoreLocation::InTask {
         db: db.clone(),
         name: name.to_string(),
@@ -129,6 +171,8 @@ pub(crate) fn run(
     listener: Option<Arc<dyn RestoreListener>>,
 ) {
     let mut clients = None;
+    // The last batch whose ends these clients prefetched.
+    let mut prefetched = None;
     loop {
         // The lock is held only while waiting for a job, never while restoring.
         let next = jobs.lock().unwrap_or_else(PoisonError::into_inner).recv();
@@ -140,11 +184,18 @@ pub(crate) fn run(
         }
         let (id, task) = (job.id, job.task);
         let restored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            restore_job(job, &options, listener.as_ref(), &mut clients)
+            restore_job(
+                job,
+                &options,
+                listener.as_ref(),
+                &mut clients,
+                &mut prefetched,
+            )
         }));
         let result = restored.unwrap_or_else(|payload| {
             // The clients may be in any state: the next job makes new ones.
             clients = None;
+            prefetched = None;
             Err(TaskError::Thread {
                 name: std::thread::current()
                     .name()
@@ -168,9 +219,14 @@ fn restore_job(
     options: &RocksDbOptions,
     listener: Option<&Arc<dyn RestoreListener>>,
     clients: &mut Option<RestoreClients>,
+    prefetched: &mut Option<u64>,
 ) -> Result<Vec<RestoredStore>, TaskError> {
     let span = tracing::info_span!("restore_task", partition = job.task.partition);
     let _entered = span.enter();
+    if *prefetched != Some(job.batch.id) {
+        *prefetched = Some(job.batch.id);
+        prefetch(&job.batch, clients);
+    }
     let hooks = OpenHooks {
         listener: Some(match listener {
             Some(l) => Arc::new(Both(job.progress.clone(), l.clone())),

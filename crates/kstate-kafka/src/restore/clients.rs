@@ -18,6 +18,13 @@
 //! trips (two metadata requests and a `DescribeConfigs`) per store. Within that time only the
 //! end offsets of each partition are asked for; if that fails (the topic deleted meanwhile),
 //! the restore checks the topic again before it reports anything.
+//!
+//! A task runtime that is handed many tasks at once asks for the ends of all their changelog
+//! partitions together ([`RestoreClients::prefetch_ends`]): three `ListOffsets` requests for the
+//! whole assignment instead of four for each store, which were most of a restart's time with a
+//! thousand tasks. Each prefetched end serves one restore, within [`PREFETCHED_END_TTL`], and
+//! only a restore that resumes after its stored position: a store the prefetched end would
+//! refuse, rebuild or reseed is decided again on an end captured for it alone.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -30,11 +37,12 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use super::RESTORE_FETCH_SETTINGS;
 #[cfg(doc)]
 use super::RestoredStore;
+use super::end::{Watermarks, capture_ends};
 use crate::client_properties::ClientProperties;
 use crate::config::ChangelogConfig;
 use crate::connection::ConnectionWatch;
 use crate::error::ChangelogError;
-use crate::topic::{CheckedTopic, TopicFacts, kafka};
+use crate::topic::{CheckedTopic, TopicFacts, ensure_topic, kafka};
 
 /// The clients of restores against one cluster (the same bootstrap servers and client
 /// properties). Not for concurrent restores: one restore at a time uses a set.
@@ -49,10 +57,22 @@ pub struct RestoreClients {
     pub(crate) consumer: BaseConsumer,
     /// Topics found as their configurations require, and when.
     checked: Mutex<HashMap<TopicCheck, (Instant, CheckedTopic)>>,
+    /// Ends asked for ahead of their restores, and when.
+    ends: Mutex<HashMap<(String, i32), (Instant, Watermarks)>>,
 }
 
 /// How long a topic found as its configuration requires is not checked again.
 pub(crate) const TOPIC_CHECK_TTL: Duration = Duration::from_secs(10);
+
+/// How long an end asked for ahead of its restore ([`RestoreClients::prefetch_ends`]) may serve
+/// it. An end older than the restore is safe for a store that resumes (records written after it
+/// are the store's own, or another writer's that the producer's offset checks catch), but the
+/// older it is, the more a restore leaves to those checks.
+pub const PREFETCHED_END_TTL: Duration = Duration::from_secs(10);
+
+/// How long a prefetch waits for the broker at most: a prefetch is only a shortcut, and each
+/// restore still has its own open timeout.
+const PREFETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A topic and what a configuration requires of it: two stores' configurations that require the
 /// same share one check.
@@ -119,7 +139,58 @@ impl RestoreClients {
             admin,
             consumer,
             checked: Mutex::default(),
+            ends: Mutex::default(),
         })
+    }
+
+    /// Asks for the ends of all of `changelogs`' partitions at once, for their restores through
+    /// these clients within [`PREFETCHED_END_TTL`]; returns how many were found. Each topic is
+    /// checked first, as a restore checks it (but never created). A partition the answer
+    /// leaves out (its topic missing or not as required, no leader yet, an open transaction below its
+    /// end) is asked for by its own restore, as without a prefetch; so is every partition if
+    /// this fails, which is why a caller may ignore the error. `changelogs` must
+    /// [suit](Self::suits) these clients.
+    pub fn prefetch_ends(&self, changelogs: &[ChangelogConfig]) -> Result<usize, ChangelogError> {
+        // Only topics found as required: a missing topic is left to the restores, which may
+        // create it (and a client that was asked about it before it existed fails to find its
+        // partitions afterwards).
+        let mut usable: HashMap<TopicCheck, bool> = HashMap::new();
+        let changelogs: Vec<&ChangelogConfig> = changelogs
+            .iter()
+            .filter(|c| {
+                *usable.entry(TopicCheck::of(c)).or_insert_with(|| {
+                    self.checked(c).is_some() || matches!(ensure_topic(c, self, false), Ok(Some(_)))
+                })
+            })
+            .collect();
+        let Some(first) = changelogs.first() else {
+            return Ok(0);
+        };
+        let partitions: Vec<(&str, i32)> = changelogs
+            .iter()
+            .map(|c| (c.topic.as_str(), c.partition))
+            .collect();
+        let at = Instant::now();
+        let ends = capture_ends(
+            &partitions,
+            &self.probe,
+            &self.consumer,
+            first.open_timeout.min(PREFETCH_TIMEOUT),
+        )
+        .map_err(|source| kafka(first, "prefetch end offsets", source))?;
+        let found = ends.len();
+        let mut known = self.ends.lock().unwrap_or_else(PoisonError::into_inner);
+        known.retain(|_, (when, _)| when.elapsed() < PREFETCHED_END_TTL);
+        known.extend(ends.into_iter().map(|(key, end)| (key, (at, end))));
+        Ok(found)
+    }
+
+    /// The prefetched end of `config`'s partition, if one younger than [`PREFETCHED_END_TTL`]
+    /// is here; it serves one restore only.
+    pub(crate) fn take_prefetched_end(&self, config: &ChangelogConfig) -> Option<Watermarks> {
+        let mut known = self.ends.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, end) = known.remove(&(config.topic.clone(), config.partition))?;
+        (at.elapsed() < PREFETCHED_END_TTL).then_some(end)
     }
 
     /// What a check of `config`'s topic found less than [`TOPIC_CHECK_TTL`] ago, if its

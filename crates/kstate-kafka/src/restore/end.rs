@@ -8,11 +8,13 @@
 //! waits (within the open timeout) until the LSO reaches it: until every transaction below the end
 //! has committed or aborted, `read_committed` cannot tell which of their records count.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::ChangelogConfig;
 use crate::connection::ConnectionWatch;
@@ -98,4 +100,51 @@ pub(crate) fn capture_end(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The ends of many changelog partitions asked for at once ([`RestoreClients::prefetch_ends`]):
+/// three `ListOffsets` round trips (log start, high watermark, last stable offset) for all of
+/// them, where a restore one at a time asks four for each. Only partitions with no open
+/// transaction below their end (stable ≥ high) are returned: the others are captured by their
+/// own restore, which waits for the transaction.
+///
+/// [`RestoreClients::prefetch_ends`]: crate::RestoreClients::prefetch_ends
+pub(crate) fn capture_ends(
+    changelogs: &[(&str, i32)],
+    uncommitted: &BaseConsumer<ConnectionWatch>,
+    committed: &BaseConsumer,
+    timeout: Duration,
+) -> rdkafka::error::KafkaResult<Vec<((String, i32), Watermarks)>> {
+    let query = |consumer: &dyn Fn(
+        TopicPartitionList,
+    ) -> rdkafka::error::KafkaResult<TopicPartitionList>,
+                 at: Offset|
+     -> rdkafka::error::KafkaResult<HashMap<(String, i32), i64>> {
+        let mut list = TopicPartitionList::with_capacity(changelogs.len());
+        for (topic, partition) in changelogs {
+            list.add_partition_offset(topic, *partition, at)?;
+        }
+        Ok(consumer(list)?
+            .elements()
+            .into_iter()
+            .filter(|e| e.error().is_ok())
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(n) => Some(((e.topic().to_string(), e.partition()), n)),
+                _ => None,
+            })
+            .collect())
+    };
+    let low = query(
+        &|l| uncommitted.offsets_for_times(l, timeout),
+        Offset::Beginning,
+    )?;
+    let high = query(&|l| uncommitted.offsets_for_times(l, timeout), Offset::End)?;
+    let stable = query(&|l| committed.offsets_for_times(l, timeout), Offset::End)?;
+    Ok(high
+        .into_iter()
+        .filter_map(|(key, high)| {
+            let low = *low.get(&key)?;
+            (*stable.get(&key)? >= high).then_some((key, Watermarks { low, high }))
+        })
+        .collect())
 }

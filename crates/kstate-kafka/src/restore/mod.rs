@@ -39,7 +39,7 @@ use crate::error::ChangelogError;
 use crate::position::ChangelogPosition;
 use crate::topic::{TopicFacts, ensure_topic};
 
-pub use clients::RestoreClients;
+pub use clients::{PREFETCHED_END_TTL, RestoreClients};
 pub use location::StoreLocation;
 
 /// The restore consumer's fetch settings, measured on 1,000,000-record restores (BENCHMARKS.md).
@@ -311,27 +311,51 @@ pub(crate) fn restore(
     // However the restore ends, the consumer leaves this partition for the next restore.
     let _unassign = clients::Unassign(consumer);
     let started = Instant::now();
-    let (topic_facts, watermarks, started) = match clients.checked(config) {
-        Some(facts) => match end::capture_end(config, &clients.probe, consumer) {
-            Ok(watermarks) => (Some(facts), Some(watermarks), started),
-            // What a recent check found is out of date (the topic deleted since?): check again.
-            Err(e) => {
-                tracing::debug!(error = %e, "end offsets failed after a recent topic check; checking the topic again");
-                check_and_capture(config, clients, create)?
-            }
-        },
-        None => check_and_capture(config, clients, create)?,
+    let has_data = store.all()?.next().is_some();
+    let reseed_pending = crate::position::is_reseeding(&store)?;
+    let decide = |watermarks, delete_retention| {
+        trust::decide(&trust::Facts {
+            path,
+            config,
+            position: position.as_ref(),
+            has_data,
+            watermarks,
+            delete_retention,
+            reseed_pending,
+        })
     };
-
-    let plan = trust::decide(&trust::Facts {
-        path,
-        config,
-        position: position.as_ref(),
-        has_data: store.all()?.next().is_some(),
-        watermarks,
-        delete_retention: topic_facts.as_ref().and_then(|f| f.delete_retention),
-        reseed_pending: crate::position::is_reseeding(&store)?,
-    })?;
+    // An end prefetched with the other partitions of an assignment, and a recent topic check,
+    // serve a store that resumes: no round trip to the broker. Any other plan is made again on
+    // an end captured now.
+    let prefetched = clients
+        .checked(config)
+        .and_then(|facts| Some((facts, clients.take_prefetched_end(config)?)))
+        .and_then(
+            |(facts, end)| match decide(Some(end), facts.delete_retention) {
+                Ok(plan @ trust::Plan::Resume { .. }) => Some((facts, end, plan)),
+                _ => None,
+            },
+        );
+    let (topic_facts, watermarks, started, plan) = match prefetched {
+        Some((facts, end, plan)) => (Some(facts), Some(end), started, plan),
+        None => {
+            let (topic_facts, watermarks, started) = match clients.checked(config) {
+                Some(facts) => match end::capture_end(config, &clients.probe, consumer) {
+                    Ok(watermarks) => (Some(facts), Some(watermarks), started),
+                    // What a recent check found is out of date (the topic deleted since?):
+                    // check again.
+                    Err(e) => {
+                        tracing::debug!(error = %e, "end offsets failed after a recent topic check; checking the topic again");
+                        check_and_capture(config, clients, create)?
+                    }
+                },
+                None => check_and_capture(config, clients, create)?,
+            };
+            let delete_retention = topic_facts.as_ref().and_then(|f| f.delete_retention);
+            let plan = decide(watermarks, delete_retention)?;
+            (topic_facts, watermarks, started, plan)
+        }
+    };
     // The plan refuses a missing topic, except to finish a reseed, which needs the topic too.
     let (Some(topic_facts), Some(watermarks)) = (topic_facts, watermarks) else {
         let stored_offset = position.map_or(-1, |p| p.offset);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
-use kstate_kafka::CancelToken;
+use kstate_kafka::{CancelToken, ChangelogConfig};
 use rdkafka::consumer::CommitMode;
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset, TopicPartitionList};
@@ -17,7 +17,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::config::ErrorPolicy;
 use crate::error::TaskError;
 use crate::ids::{InputPartition, Record, TaskId};
-use crate::restorer::{Done, Job};
+use crate::restorer::{Batch, Done, Job};
 use crate::shared::AppShared;
 use crate::status::Progress;
 use crate::task::Task;
@@ -142,54 +142,74 @@ impl Core {
         if !complete.is_empty() {
             tracing::info!(worker = self.index, tasks = ?complete, "assigned; restoring");
         }
-        for p in complete {
-            self.start_restore(p);
-        }
+        self.start_restores(&complete);
     }
 
-    fn start_restore(&mut self, partition: i32) {
+    /// Starts restoring the tasks of `partitions`, as one batch: a restorer asks for the ends
+    /// of all their changelogs at once before it restores the first of them.
+    fn start_restores(&mut self, partitions: &[i32]) {
+        if partitions.is_empty() {
+            return;
+        }
         if self.jobs.is_none() {
             // The worker is ending (its consumer closing): an assignment that arrives now is
             // left to the next owner; it is no failure.
             tracing::debug!(
                 worker = self.index,
-                partition,
+                ?partitions,
                 "assigned while ending; not restored"
             );
             return;
         }
-        let progress = Arc::new(Progress::new());
-        let cancel = CancelToken::new();
-        self.next_job += 1;
         let config = &self.app.config;
-        let job = Job {
-            id: self.next_job,
-            task: TaskId { partition },
-            dir: config.task_dir(partition),
-            stores: config
-                .stores
+        let tasks: Vec<(i32, Vec<(String, ChangelogConfig)>)> = partitions
+            .iter()
+            .map(|&partition| {
+                let stores = config
+                    .stores
+                    .iter()
+                    .map(|s| {
+                        let changelog = config.changelog(&s.name, partition, self.app.partitions);
+                        (s.name.clone(), changelog)
+                    })
+                    .collect();
+                (partition, stores)
+            })
+            .collect();
+        let batch = Arc::new(Batch {
+            // The id of its first job: a batch id is never used twice.
+            id: self.next_job + 1,
+            changelogs: tasks
                 .iter()
-                .map(|s| {
-                    (
-                        s.name.clone(),
-                        config.changelog(&s.name, partition, self.app.partitions),
-                    )
-                })
+                .flat_map(|(_, stores)| stores.iter().map(|(_, c)| c.clone()))
                 .collect(),
-            cancel: cancel.clone(),
-            progress: progress.clone(),
-        };
-        self.slots
-            .begin_restore(partition, self.next_job, cancel, progress);
-        let sent = self
-            .jobs
-            .as_ref()
-            .is_some_and(|jobs| jobs.send(job).is_ok());
-        if !sent {
-            self.fail(TaskError::Thread {
-                name: format!("kstate-restorer-{}", self.index),
-                message: "the restorer thread stopped".into(),
-            });
+        });
+        for (partition, stores) in tasks {
+            let progress = Arc::new(Progress::new());
+            let cancel = CancelToken::new();
+            self.next_job += 1;
+            let job = Job {
+                id: self.next_job,
+                task: TaskId { partition },
+                dir: self.app.config.task_dir(partition),
+                stores,
+                batch: batch.clone(),
+                cancel: cancel.clone(),
+                progress: progress.clone(),
+            };
+            self.slots
+                .begin_restore(partition, self.next_job, cancel, progress);
+            let sent = self
+                .jobs
+                .as_ref()
+                .is_some_and(|jobs| jobs.send(job).is_ok());
+            if !sent {
+                self.fail(TaskError::Thread {
+                    name: format!("kstate-restorer-{}", self.index),
+                    message: "the restorer thread stopped".into(),
+                });
+                return;
+            }
         }
     }
 
@@ -720,7 +740,7 @@ impl Core {
         if !self.health.is_ok() {
             return;
         }
-        self.start_restore(partition);
+        self.start_restores(&[partition]);
         if rewind {
             self.rewind(input);
         }
