@@ -346,6 +346,14 @@ async fn waiting_for_outputs_never_reorders_a_stores_acknowledgements() -> anyho
     Ok(())
 }
 
+/// Partition `p` of a two-partition changelog `topic` on the tests' cluster.
+fn two_partitions(topic: &str, p: i32) -> anyhow::Result<ChangelogConfig> {
+    Ok(ChangelogConfig::new(common::client()?, topic, p)
+        .partitions(2)
+        .open_timeout(Duration::from_secs(30))
+        .delivery_timeout(Duration::from_secs(20)))
+}
+
 /// The ends a task runtime prefetches for an assignment serve the restores that resume, with no
 /// round trip of their own; an end older than what the store holds (written after the prefetch)
 /// is never taken for the partition's end: the store is decided on an end captured for it, not
@@ -355,12 +363,7 @@ async fn prefetched_ends_serve_restores_and_one_older_than_the_store_is_asked_ag
 -> anyhow::Result<()> {
     let topic = unique_topic("prefetch");
     let dir = tempfile::tempdir()?;
-    let config = |p: i32| -> anyhow::Result<ChangelogConfig> {
-        Ok(ChangelogConfig::new(common::client()?, topic.clone(), p)
-            .partitions(2)
-            .open_timeout(Duration::from_secs(30))
-            .delivery_timeout(Duration::from_secs(20)))
-    };
+    let config = |p: i32| two_partitions(&topic, p);
     for p in 0..2 {
         let store = LoggedStore::open(
             dir.path().join(format!("p{p}")),
@@ -430,12 +433,7 @@ async fn a_prefetch_that_finds_no_topic_leaves_the_restores_to_find_it_once_crea
 -> anyhow::Result<()> {
     let topic = unique_topic("prefetch-missing");
     let dir = tempfile::tempdir()?;
-    let config = |p: i32| -> anyhow::Result<ChangelogConfig> {
-        Ok(ChangelogConfig::new(common::client()?, topic.clone(), p)
-            .partitions(2)
-            .open_timeout(Duration::from_secs(30))
-            .delivery_timeout(Duration::from_secs(20)))
-    };
+    let config = |p: i32| two_partitions(&topic, p);
     let clients = RestoreClients::new(&config(0)?)?;
     assert_eq!(clients.prefetch_ends(&[config(0)?, config(1)?])?, 0);
     // Created by another client, as another restorer thread of the task runtime does.

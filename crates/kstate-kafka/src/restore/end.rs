@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -114,37 +114,40 @@ pub(crate) fn capture_ends(
     uncommitted: &BaseConsumer<ConnectionWatch>,
     committed: &BaseConsumer,
     timeout: Duration,
-) -> rdkafka::error::KafkaResult<Vec<((String, i32), Watermarks)>> {
-    let query = |consumer: &dyn Fn(
-        TopicPartitionList,
-    ) -> rdkafka::error::KafkaResult<TopicPartitionList>,
-                 at: Offset|
-     -> rdkafka::error::KafkaResult<HashMap<(String, i32), i64>> {
-        let mut list = TopicPartitionList::with_capacity(changelogs.len());
-        for (topic, partition) in changelogs {
-            list.add_partition_offset(topic, *partition, at)?;
-        }
-        Ok(consumer(list)?
-            .elements()
-            .into_iter()
-            .filter(|e| e.error().is_ok())
-            .filter_map(|e| match e.offset() {
-                Offset::Offset(n) => Some(((e.topic().to_string(), e.partition()), n)),
-                _ => None,
-            })
-            .collect())
-    };
-    let low = query(
-        &|l| uncommitted.offsets_for_times(l, timeout),
-        Offset::Beginning,
-    )?;
-    let high = query(&|l| uncommitted.offsets_for_times(l, timeout), Offset::End)?;
-    let stable = query(&|l| committed.offsets_for_times(l, timeout), Offset::End)?;
+) -> KafkaResult<Vec<((String, i32), Watermarks)>> {
+    let low = offsets(uncommitted, changelogs, Offset::Beginning, timeout)?;
+    let high = offsets(uncommitted, changelogs, Offset::End, timeout)?;
+    let stable = offsets(committed, changelogs, Offset::End, timeout)?;
     Ok(high
         .into_iter()
         .filter_map(|(key, high)| {
             let low = *low.get(&key)?;
             (*stable.get(&key)? >= high).then_some((key, Watermarks { low, high }))
+        })
+        .collect())
+}
+
+/// `changelogs`' offsets at `at` (the log start or the end) as `consumer`'s isolation level sees
+/// them, in one `ListOffsets` request per leader; partitions the answer has no offset for are
+/// left out.
+fn offsets<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    changelogs: &[(&str, i32)],
+    at: Offset,
+    timeout: Duration,
+) -> KafkaResult<HashMap<(String, i32), i64>> {
+    let mut list = TopicPartitionList::with_capacity(changelogs.len());
+    for (topic, partition) in changelogs {
+        list.add_partition_offset(topic, *partition, at)?;
+    }
+    Ok(consumer
+        .offsets_for_times(list, timeout)?
+        .elements()
+        .into_iter()
+        .filter(|e| e.error().is_ok())
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(n) => Some(((e.topic().to_string(), e.partition()), n)),
+            _ => None,
         })
         .collect())
 }

@@ -285,6 +285,29 @@ fn check_and_capture(
     Ok((facts, watermarks, started))
 }
 
+/// The topic's facts and its end captured now: after a recent topic check only the end, else
+/// [`check_and_capture`]. `started` is when the restore's own time started, kept unless the
+/// topic is checked now.
+#[allow(clippy::type_complexity)]
+fn capture_now(
+    config: &ChangelogConfig,
+    clients: &RestoreClients,
+    create: bool,
+    started: Instant,
+) -> Result<(Option<TopicFacts>, Option<end::Watermarks>, Instant), ChangelogError> {
+    let Some(facts) = clients.checked(config) else {
+        return check_and_capture(config, clients, create);
+    };
+    match end::capture_end(config, &clients.probe, &clients.consumer) {
+        Ok(watermarks) => Ok((Some(facts), Some(watermarks), started)),
+        // What a recent check found is out of date (the topic deleted since?): check again.
+        Err(e) => {
+            tracing::debug!(error = %e, "end offsets failed after a recent topic check; checking the topic again");
+            check_and_capture(config, clients, create)
+        }
+    }
+}
+
 /// Opens the store at `location` and brings it up to the changelog's current end.
 pub(crate) fn restore(
     location: &StoreLocation,
@@ -339,18 +362,7 @@ pub(crate) fn restore(
     let (topic_facts, watermarks, started, plan) = match prefetched {
         Some((facts, end, plan)) => (Some(facts), Some(end), started, plan),
         None => {
-            let (topic_facts, watermarks, started) = match clients.checked(config) {
-                Some(facts) => match end::capture_end(config, &clients.probe, consumer) {
-                    Ok(watermarks) => (Some(facts), Some(watermarks), started),
-                    // What a recent check found is out of date (the topic deleted since?):
-                    // check again.
-                    Err(e) => {
-                        tracing::debug!(error = %e, "end offsets failed after a recent topic check; checking the topic again");
-                        check_and_capture(config, clients, create)?
-                    }
-                },
-                None => check_and_capture(config, clients, create)?,
-            };
+            let (topic_facts, watermarks, started) = capture_now(config, clients, create, started)?;
             let delete_retention = topic_facts.as_ref().and_then(|f| f.delete_retention);
             let plan = decide(watermarks, delete_retention)?;
             (topic_facts, watermarks, started, plan)
