@@ -18,7 +18,8 @@
 //! tasks-close n=<N> start=<fresh|restart> close_s=<s>
 //! ```
 //!
-//! The topics (input, output, changelogs) and the state directory are deleted at the end.
+//! The topics (input, output, changelogs), the consumer group and the state directory are
+//! deleted at the end.
 //! `$KAFKA_BOOTSTRAP_SERVERS` names the broker when `--bootstrap-servers` does not. Linux only
 //! (it reads `/proc/self`).
 
@@ -33,7 +34,7 @@ use kstate::kstate_task::{
     App, AppState, Context, Processor, Record, Running, StoreHandle, StoreOptions, TaskState,
 };
 use kstate_bench::flags::Flags;
-use kstate_bench::kafka::{create_topic, delete_topics, producer, send};
+use kstate_bench::kafka::{create_topic, delete_groups, delete_topics, producer, send};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -109,6 +110,10 @@ fn main() -> Result<()> {
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
     if let Err(e) = runtime.block_on(delete_topics(bench.client.clone(), &topics)) {
         eprintln!("tasks_per_process: could not delete {topics:?}: {e}");
+    }
+    let group = [bench.application_id.as_str()];
+    if let Err(e) = runtime.block_on(delete_groups(bench.client.clone(), &group)) {
+        eprintln!("tasks_per_process: could not delete consumer group {group:?}: {e}");
     }
     result
 }

@@ -425,6 +425,61 @@ async fn prefetched_ends_serve_restores_and_one_older_than_the_store_is_asked_ag
     Ok(())
 }
 
+/// The changelog topics of an assignment's new tasks that do not exist are created together,
+/// before the restores (one request, where each restore created its own in turn); topics that
+/// exist are left as they are; the restores then find every topic as they require it (two
+/// partitions, compacted) and the prefetch finds every end. A missing topic whose partition count
+/// is not configured cannot be created: the error names it.
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_changelog_topics_are_created_together_and_their_restores_find_them_as_required()
+-> anyhow::Result<()> {
+    let (a, b, existing) = (
+        unique_topic("create-a"),
+        unique_topic("create-b"),
+        unique_topic("create-existing"),
+    );
+    common::create_topic(common::client()?, &existing, 2, "compact").await?;
+    let dir = tempfile::tempdir()?;
+    let mut changelogs = Vec::new();
+    for topic in [&a, &b, &existing] {
+        for p in 0..2 {
+            changelogs.push(two_partitions(topic, p)?);
+        }
+    }
+    let clients = RestoreClients::new(&changelogs[0])?;
+    assert_eq!(clients.create_missing_topics(&changelogs)?, 2, "a and b");
+    assert_eq!(
+        clients.create_missing_topics(&changelogs)?,
+        0,
+        "all exist now"
+    );
+    assert_eq!(clients.prefetch_ends(&changelogs)?, 6);
+    // Restores through clients of their own check each topic afresh: partitions, compaction.
+    let fresh = RestoreClients::new(&changelogs[0])?;
+    for (i, config) in changelogs.iter().enumerate() {
+        let restored = RestoredStore::restore_with(
+            dir.path().join(i.to_string()),
+            &RocksDbOptions::default(),
+            config.clone(),
+            &OpenHooks::default(),
+            &fresh,
+        )?;
+        assert_eq!(restored.report().records, 0);
+        restored.close()?;
+    }
+
+    let unsized_topic = unique_topic("create-unsized");
+    let unsized_config = ChangelogConfig::new(common::client()?, &unsized_topic, 0);
+    match clients.create_missing_topics(&[unsized_config]) {
+        Err(ChangelogError::InvalidConfig { topic, message }) => {
+            assert_eq!(topic, unsized_topic);
+            assert!(message.contains("partitions"), "{message}");
+        }
+        other => anyhow::bail!("a topic of unknown partition count was not refused: {other:?}"),
+    }
+    Ok(())
+}
+
 /// A prefetch that finds the changelog topic missing (a fresh start) leaves it alone: the
 /// restores that follow, through the same clients, find the topic once it exists, whoever
 /// created it.

@@ -5,14 +5,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
 mod common;
+#[path = "../examples/shared/count_by_key.rs"]
+mod count;
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
+use common::streams::{produce, read_topic, wait_for};
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{Durability, LoggedStore, LostChangelog};
 use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use kstate::kstate_task::{App, AppState};
 use kstate_test_broker::{bootstrap_servers, unique_topic};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -213,5 +217,79 @@ fn a_plain_rocksdb_directory_is_not_taken_for_a_stale_store() -> Result<()> {
         "{err}"
     );
     assert_eq!(local_keys(dir.path())?, 1);
+    Ok(())
+}
+
+fn topic_exists(topic: &str) -> Result<bool> {
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    let metadata = probe.fetch_metadata(None, Duration::from_secs(10))?;
+    Ok(metadata.topics().iter().any(|t| t.name() == topic))
+}
+
+/// The runtime creates the missing changelog topics of the tasks it has no local state for
+/// before their restores, all at once; a task that has local state is not one of them: when its
+/// changelog was deleted, its restore refuses, the application fails saying so, and the topic is
+/// not created again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_whose_changelog_was_deleted_fails_and_the_runtime_does_not_recreate_it()
+-> Result<()> {
+    let servers = bootstrap_servers()?;
+    let (app_id, input, output) = (
+        unique_topic("lost-app"),
+        unique_topic("lost-in"),
+        unique_topic("lost-out"),
+    );
+    for topic in [&input, &output] {
+        common::create_topic(&servers, topic, 2, "delete").await?;
+    }
+    let changelog = format!("{app_id}-counts-changelog");
+    let records: Vec<(i32, Vec<u8>, Vec<u8>)> = (0..40)
+        .map(|i| (i % 2, format!("key-{i}").into_bytes(), b"v".to_vec()))
+        .collect();
+    produce(&servers, &input, &records)?;
+    let dir = tempfile::tempdir()?;
+    let start = || -> Result<kstate::kstate_task::Running> {
+        let mut builder = App::builder(app_id.clone(), servers.clone());
+        builder
+            .input(input.clone())
+            .state_dir(dir.path())
+            .commit_interval(Duration::from_millis(50));
+        let (app, _) = count::build(&mut builder, &output, false)?;
+        Ok(app.start()?)
+    };
+    let running = start()?;
+    wait_for("every output", Duration::from_secs(120), || {
+        Ok(read_topic(&servers, &output, 2)?.len() >= records.len())
+    })?;
+    running.shutdown();
+    running.wait()?;
+    drop(running);
+    assert!(
+        topic_exists(&changelog)?,
+        "the first run created {changelog}"
+    );
+    common::delete_topic(&changelog).await?;
+
+    let running = start()?;
+    let mut failure = None;
+    wait_for("the application to fail", Duration::from_secs(120), || {
+        if let AppState::Failed(e) = running.state() {
+            failure = Some(e.to_string());
+        }
+        Ok(failure.is_some())
+    })?;
+    let failure = failure.unwrap_or_default();
+    running.shutdown();
+    let _ = running.wait();
+    assert!(
+        failure.contains(&changelog) && failure.contains("does not exist"),
+        "the failure names the missing changelog: {failure}"
+    );
+    assert!(
+        !topic_exists(&changelog)?,
+        "{changelog} was created again for tasks that hold positions of the deleted one"
+    );
     Ok(())
 }

@@ -146,6 +146,29 @@ pub async fn delete_topics(
     Ok(())
 }
 
+/// Deletes the consumer groups `groups` (a group that does not exist is no error).
+pub async fn delete_groups(
+    client: impl Into<ClientProperties>,
+    groups: &[&str],
+) -> Result<(), BenchError> {
+    if groups.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> =
+        create_client(&client.into(), &[], "admin client")?;
+    let results = admin
+        .delete_groups(groups, &AdminOptions::new())
+        .await
+        .map_err(BenchError::kafka("delete consumer groups"))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::GroupIdNotFound)) => {}
+            Err((g, e)) => return Err(BenchError::Broker(format!("delete group {g}: {e}"))),
+        }
+    }
+    Ok(())
+}
+
 /// How many partitions `topic` has (0 if it does not exist).
 pub fn partition_count(
     client: impl Into<ClientProperties>,

@@ -45,20 +45,14 @@ impl Progress {
         while mark <= before + n {
             let ms = self.start.elapsed().as_secs_f64() * 1e3;
             println!("{mark} {} in {ms:.0} ms", self.unit);
-            self.points
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push((mark, ms));
+            kstate_core::sync::lock(&self.points).push((mark, ms));
             mark += self.every;
         }
     }
 
     /// The points, in count order (threads may have pushed them slightly out of order).
     pub fn into_points(self) -> Vec<(u64, f64)> {
-        let mut points = self
-            .points
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut points = std::mem::take(&mut *kstate_core::sync::lock(&self.points));
         points.sort_by_key(|&(n, _)| n);
         points
     }

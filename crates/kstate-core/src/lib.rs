@@ -8,6 +8,7 @@
 //! - [`Store`]: the typed layer, keys through [`OrderedKey`], values through a [`Codec`] (serde +
 //!   bincode by default).
 //! - [`MemoryStore`]: an ordered in-memory engine.
+//! - [`sync`]: the poison-tolerant lock helpers every crate uses.
 //! - `testkit` (feature): the conformance suite and the model-based property test every engine
 //!   runs.
 //!
@@ -30,6 +31,7 @@ mod error;
 mod memory;
 mod range;
 mod store;
+pub mod sync;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod typed;

@@ -10,7 +10,9 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
+
+use crate::sync::{read, write};
 
 use crate::error::{Error, Result};
 use crate::range::{KeyRange, Order};
@@ -56,16 +58,6 @@ impl MemoryStore {
         }
         Ok(())
     }
-
-    /// A panic while holding the lock cannot leave the map half-updated (every update is a
-    /// single `BTreeMap` call), so a poisoned lock is still safe to use.
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Map> {
-        self.map.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn write_lock(&self) -> std::sync::RwLockWriteGuard<'_, Map> {
-        self.map.write().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 impl KeyValueStore for MemoryStore {
@@ -75,12 +67,12 @@ impl KeyValueStore for MemoryStore {
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
-        Ok(self.read().get(key).cloned())
+        Ok(read(&self.map).get(key).cloned())
     }
 
     fn write(&self, batch: Batch) -> Result<()> {
         self.check_open()?;
-        let mut map = self.write_lock();
+        let mut map = write(&self.map);
         for (key, value) in batch.into_mutations() {
             match value {
                 Some(v) => map.insert(key, v),
@@ -107,7 +99,7 @@ impl KeyValueStore for MemoryStore {
 
     fn approximate_len(&self) -> Result<u64> {
         self.check_open()?;
-        Ok(self.read().len() as u64)
+        Ok(read(&self.map).len() as u64)
     }
 
     fn flush(&self) -> Result<()> {
@@ -141,7 +133,7 @@ impl PagedScan<'_> {
                 Order::Reverse => upper = Bound::Excluded(last),
             }
         }
-        let map = self.store.read();
+        let map = read(&self.store.map);
         let range = map.range::<[u8], _>((lower, upper));
         let page: Vec<Entry> = match self.order {
             Order::Forward => range

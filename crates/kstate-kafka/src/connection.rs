@@ -114,10 +114,7 @@ impl ConnectionWatch {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
-        match self.seen.lock() {
-            Ok(seen) => seen,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        kstate_core::sync::lock(&self.seen)
     }
 }
 

@@ -37,6 +37,7 @@ mod producer;
 mod restore;
 mod topic;
 mod transaction;
+mod transaction_member;
 
 pub use client_properties::{ClientProperties, REDACTED, is_sensitive};
 pub use config::{

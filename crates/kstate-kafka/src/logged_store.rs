@@ -44,13 +44,11 @@
 //! batches atomic in the changelog needs Kafka transactions: the exactly-once mode.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{
-    Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
-    TryLockError,
-};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
+use kstate_core::sync::{lock, read, wait_timeout, write};
 use kstate_core::{Batch, EntryIter, Error, KeyRange, KeyValueStore, Order, PoisonReason, Result};
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 
@@ -61,7 +59,7 @@ use crate::overlay::{Map, MergeScan, Overlay, overlay_range};
 use crate::position::ChangelogPosition;
 use crate::producer::{ChangelogProducer, SharedProducer};
 use crate::restore::{OpenHooks, RestoreReport, RestoredStore, StoreLocation};
-use crate::transaction::{Transaction, TransactionMember};
+use crate::transaction_member::{Transaction, TransactionMember};
 
 /// Extra time, beyond the delivery timeout, a commit waits before declaring the changelog stuck.
 const ACK_SLACK: Duration = Duration::from_secs(30);
@@ -72,18 +70,6 @@ const DROP_JOIN_LIMIT: Duration = Duration::from_secs(5);
 /// The flush interval when neither the configuration nor the topic says: a quarter of Kafka's
 /// default `delete.retention.ms` (24 h).
 const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(6 * 3600);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The overlay: what reads merge over RocksDB.
 #[derive(Debug, Default)]
@@ -100,6 +86,24 @@ enum CloseOutcome {
     Failed(String),
 }
 
+/// How a store is driven: who commits its writes to RocksDB and who flushes it. Chosen at open,
+/// never changed.
+enum Drive {
+    /// Its own timer thread commits (in `group` mode) and flushes it ([`LoggedStore::open`]).
+    OwnTimer,
+    /// Its owner commits and flushes it ([`LoggedStore::attach`]ed to a producer that is not
+    /// transactional: a task's worker).
+    Owner,
+    /// The transactions of the producer it is [attached](LoggedStore::attach) to: a commit
+    /// applies its writes, an abort drops them, and the store commits nothing by itself.
+    Transactional {
+        transaction: Arc<Transaction>,
+        /// The sequence number of the last record sent before the open transaction began (its
+        /// records are the ones after it).
+        base: AtomicU64,
+    },
+}
+
 struct Shared {
     name: String,
     store: RocksDbStore,
@@ -111,11 +115,7 @@ struct Shared {
     send: Mutex<()>,
     /// The sequence number of the last record sent.
     sent_seq: AtomicU64,
-    /// Under a transaction: the transactional producer's state.
-    transaction: Option<Arc<Transaction>>,
-    /// Under a transaction: the sequence number of the last record sent before the open
-    /// transaction began (its records are the ones after it).
-    transaction_base: AtomicU64,
+    drive: Drive,
     commit_serial: Mutex<()>,
     mode: Mutex<Durability>,
     mode_changed: Condvar,
@@ -198,8 +198,15 @@ impl LoggedStore {
             restored,
         } = restored;
         let producer = ChangelogProducer::new(producer, &config)?;
-        let transaction = producer.transaction().cloned();
-        if transaction.is_some() && restored.reseed.is_some() {
+        let drive = match producer.transaction() {
+            Some(transaction) => Drive::Transactional {
+                transaction: transaction.clone(),
+                base: AtomicU64::new(0),
+            },
+            None if own_timer => Drive::OwnTimer,
+            None => Drive::Owner,
+        };
+        if matches!(drive, Drive::Transactional { .. }) && restored.reseed.is_some() {
             return Err(ChangelogError::InvalidConfig {
                 topic: config.topic.clone(),
                 message: "LostChangelog::Reseed writes outside any transaction: reseed with a \
@@ -233,8 +240,7 @@ impl LoggedStore {
             state: RwLock::default(),
             send: Mutex::new(()),
             sent_seq: AtomicU64::new(0),
-            transaction,
-            transaction_base: AtomicU64::new(0),
+            drive,
             commit_serial: Mutex::new(()),
             mode_changed: Condvar::new(),
             flush_interval,
@@ -242,7 +248,7 @@ impl LoggedStore {
             closed: AtomicBool::new(false),
             close_outcome: Mutex::new(None),
         });
-        if shared.transaction.is_some() {
+        if let Drive::Transactional { .. } = shared.drive {
             let member: std::sync::Weak<dyn TransactionMember> = Arc::downgrade(&shared) as _;
             shared.producer.join_transactions(member);
         }
@@ -250,7 +256,7 @@ impl LoggedStore {
             tracing::warn!(store = %shared.name, %reason, "writing the local store into the empty changelog (LostChangelog::Reseed)");
             shared.reseed(restored.report.start.end_offset)?;
         }
-        let committer = if own_timer {
+        let committer = if let Drive::OwnTimer = shared.drive {
             let shared = shared.clone();
             let thread = std::thread::Builder::new()
                 .name("kstate-group-commit".into())
@@ -322,10 +328,7 @@ impl LoggedStore {
     /// committed or flushed. The memtable flush that follows a commit is local, and not bounded.
     pub fn flush_within(&self, timeout: Duration) -> Result<()> {
         self.shared.check_open()?;
-        if self.shared.transaction.is_none() {
-            self.shared.commit_bounded(Some(timeout))?;
-        }
-        self.shared.store.flush()
+        self.shared.flush_bounded(Some(timeout))
     }
 
     /// Writes sent to the changelog that the broker has not acknowledged yet. They are readable,
@@ -518,7 +521,7 @@ impl Shared {
                 || state.active.len() >= self.config.overlay_max_records
         };
         drop(send);
-        if let Some(transaction) = &self.transaction {
+        if let Drive::Transactional { transaction, .. } = &self.drive {
             // Under a transaction nothing reaches RocksDB before the commit: ask for it.
             if full {
                 transaction.request_commit();
@@ -587,7 +590,7 @@ impl Shared {
     /// The commit; with a `limit` below the acknowledgement timeout, it gives up once `limit`
     /// has passed and leaves the store as it was ([`LoggedStore::commit_within`]).
     fn commit_bounded(&self, limit: Option<Duration>) -> Result<()> {
-        if self.transaction.is_some() {
+        if let Drive::Transactional { .. } = self.drive {
             return Err(Error::InvalidArgument {
                 store: self.name.clone(),
                 message: "this store is part of a transactional producer's transactions: \
@@ -682,8 +685,15 @@ impl Shared {
     /// Commits, then flushes RocksDB's memtables: the durable position is now. Under a
     /// transaction, flushes what the last committed transaction applied.
     fn flush(&self) -> Result<()> {
-        if self.transaction.is_none() {
-            self.commit()?;
+        self.flush_bounded(None)
+    }
+
+    /// [`flush`](Self::flush), its commit bounded by `limit` as
+    /// [`commit_bounded`](Self::commit_bounded)'s is.
+    fn flush_bounded(&self, limit: Option<Duration>) -> Result<()> {
+        match self.drive {
+            Drive::OwnTimer | Drive::Owner => self.commit_bounded(limit)?,
+            Drive::Transactional { .. } => {}
         }
         self.store.flush()
     }
@@ -730,11 +740,7 @@ impl Shared {
                 Durability::Group(interval) => interval.min(until_flush),
                 _ => Duration::from_secs(1).min(until_flush),
             };
-            mode = self
-                .mode_changed
-                .wait_timeout(mode, wait)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            mode = wait_timeout(&self.mode_changed, mode, wait);
             if self.shutdown.load(Ordering::Acquire) {
                 break;
             }
@@ -775,10 +781,11 @@ impl TransactionMember for Shared {
     }
 
     fn committed(&self) -> Result<()> {
+        let Drive::Transactional { base, .. } = &self.drive else {
+            return Ok(()); // never a member
+        };
         let sent = self.sent_seq.load(Ordering::Acquire);
-        if sent == self.transaction_base.swap(sent, Ordering::AcqRel)
-            || self.closed.load(Ordering::Acquire)
-        {
+        if sent == base.swap(sent, Ordering::AcqRel) || self.closed.load(Ordering::Acquire) {
             return Ok(()); // nothing of this store in the transaction, or closed since
         }
         let offset = self
@@ -807,8 +814,11 @@ impl TransactionMember for Shared {
     }
 
     fn aborted(&self) {
+        let Drive::Transactional { base, .. } = &self.drive else {
+            return; // never a member
+        };
         let sent = self.sent_seq.load(Ordering::Acquire);
-        let base = self.transaction_base.swap(sent, Ordering::AcqRel);
+        let base = base.swap(sent, Ordering::AcqRel);
         {
             let mut state = write(&self.state);
             state.active = Overlay::default();
@@ -907,15 +917,16 @@ impl KeyValueStore for LoggedStore {
             let _send = lock(&self.shared.send);
             self.shared.closed.store(true, Ordering::Release);
         }
-        let committed = if self.shared.transaction.is_some() {
-            // Under a transaction, what the open transaction holds is not committed: dropped.
-            let pending = std::mem::take(&mut write(&self.shared.state).active).len();
-            if pending > 0 {
-                tracing::warn!(store = %self.shared.name, pending, "closed with writes of an open transaction; they are dropped");
+        let committed = match self.shared.drive {
+            Drive::OwnTimer | Drive::Owner => self.shared.commit(),
+            Drive::Transactional { .. } => {
+                // What the open transaction holds is not committed: dropped.
+                let pending = std::mem::take(&mut write(&self.shared.state).active).len();
+                if pending > 0 {
+                    tracing::warn!(store = %self.shared.name, pending, "closed with writes of an open transaction; they are dropped");
+                }
+                Ok(())
             }
-            Ok(())
-        } else {
-            self.shared.commit()
         };
         self.stop_committer(None);
         let closed = self.shared.store.close();

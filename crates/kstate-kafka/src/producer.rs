@@ -17,10 +17,11 @@
 //! the store's contents do not match, so the gap poisons instead, and the reopen restores them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kstate_core::PoisonReason;
+use kstate_core::sync::{lock, read, wait_timeout, write};
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
@@ -28,7 +29,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 
 use crate::config::{ChangelogConfig, ProducerConfig};
 use crate::error::ChangelogError;
-use crate::transaction::{Transaction, TransactionMember};
+use crate::transaction_member::{Transaction, TransactionMember};
 
 /// What the broker has acknowledged so far.
 #[derive(Debug, Default)]
@@ -67,7 +68,7 @@ pub(crate) struct AckTracker {
 
 impl AckTracker {
     fn lock(&self) -> MutexGuard<'_, Acks> {
-        self.acks.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.acks)
     }
 
     /// Records why the changelog can no longer be trusted (the first reason wins). Also while
@@ -114,11 +115,7 @@ impl AckTracker {
     /// Waits on `changed` for at most `left`, counted as a waiter meanwhile.
     fn wait<'a>(&self, mut acks: MutexGuard<'a, Acks>, left: Duration) -> MutexGuard<'a, Acks> {
         acks.waiters += 1;
-        let mut acks = self
-            .changed
-            .wait_timeout(acks, left)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+        let mut acks = wait_timeout(&self.changed, acks, left);
         acks.waiters -= 1;
         acks
     }
@@ -357,7 +354,7 @@ struct OutputCounts {
 
 impl OutputAcks {
     fn lock(&self) -> MutexGuard<'_, OutputCounts> {
-        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.counts)
     }
 
     fn settled(&self, failure: Option<(String, Option<RDKafkaErrorCode>)>) {
@@ -405,7 +402,7 @@ impl ProducerContext for Router {
         }
         let route = (opaque >> SEQ_BITS) as u32;
         let seq_low = opaque as u64 & SEQ_MASK;
-        let routes = self.routes.read().unwrap_or_else(PoisonError::into_inner);
+        let routes = read(&self.routes);
         // A store dropped with records in flight: nobody is waiting for them.
         let Some(tracker) = routes.trackers.get(&route) else {
             return;
@@ -671,12 +668,7 @@ impl SharedProducer {
                 });
             }
             counts.waiters += 1;
-            counts = self
-                .outputs
-                .changed
-                .wait_timeout(counts, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            counts = wait_timeout(&self.outputs.changed, counts, left);
             counts.waiters -= 1;
         }
     }
@@ -710,10 +702,7 @@ impl ChangelogProducer {
     ) -> Result<Self, ChangelogError> {
         let tracker = Arc::new(AckTracker::default());
         let id = {
-            let mut routes = producer
-                .routes
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut routes = write(&producer.routes);
             // The next id not in use; ids are reused only after MAX_ROUTE more stores.
             let mut id = None;
             for _ in 0..MAX_ROUTE {
@@ -800,12 +789,7 @@ impl ChangelogProducer {
     /// Makes `member` (this store) part of every transaction of the producer.
     pub(crate) fn join_transactions(&self, member: std::sync::Weak<dyn TransactionMember>) {
         let id = (self.route >> SEQ_BITS) as u32;
-        self.producer
-            .routes
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .members
-            .insert(id, member);
+        write(&self.producer.routes).members.insert(id, member);
     }
 }
 
@@ -813,11 +797,7 @@ impl Drop for ChangelogProducer {
     /// Leaves the router (and the transaction): reports for records still in flight are dropped.
     fn drop(&mut self) {
         let id = (self.route >> SEQ_BITS) as u32;
-        let mut routes = self
-            .producer
-            .routes
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut routes = write(&self.producer.routes);
         routes.trackers.remove(&id);
         routes.members.remove(&id);
     }

@@ -15,14 +15,13 @@ use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::Consumer;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::ChangelogConfig;
-use crate::connection::MetadataError;
+use crate::connection::{ConnectionWatch, MetadataError};
 use crate::error::ChangelogError;
-use crate::restore::RestoreClients;
 
 /// What the store needs to know of its topic.
 #[derive(Debug, Clone)]
@@ -43,13 +42,15 @@ pub(crate) struct CheckedTopic {
 }
 
 /// Makes sure the changelog topic exists (creating it when `create` allows), is compacted and
-/// has the configured partition count and settings, asking through `clients`. `Ok(None)`: it is
-/// missing and was not created.
+/// has the configured partition count and settings, asking through `probe` (a
+/// `read_uncommitted` client that watches the connection) and `admin`. `Ok(None)`: it is missing
+/// and was not created.
 pub(crate) fn ensure_topic(
     config: &ChangelogConfig,
-    clients: &RestoreClients,
+    probe: &BaseConsumer<ConnectionWatch>,
+    admin: &AdminClient<DefaultClientContext>,
     create: bool,
-) -> Result<Option<TopicFacts>, ChangelogError> {
+) -> Result<Option<CheckedTopic>, ChangelogError> {
     let outside = match config.partitions {
         Some(n) => config.partition < 0 || config.partition >= n,
         None => config.partition < 0,
@@ -66,7 +67,7 @@ pub(crate) fn ensure_topic(
     }
     // The first contact with the cluster: a wrong password or certificate ends it at once.
     let metadata =
-        crate::connection::fetch_metadata(&clients.probe, Some(&config.topic), config.open_timeout)
+        crate::connection::fetch_metadata(probe, Some(&config.topic), config.open_timeout)
             .map_err(|e| match e {
                 MetadataError::Security(failure) => ChangelogError::Security {
                     bootstrap_servers: config.bootstrap_servers().to_string(),
@@ -87,12 +88,9 @@ pub(crate) fn ensure_topic(
         if !create {
             return Ok(None);
         }
-        create_topic(config, &clients.admin)?;
+        create_topics(&[config], admin)?;
     }
-    let checked = verify_topic(config, clients)?;
-    let facts = checked.facts.clone();
-    clients.remember(config, checked);
-    Ok(Some(facts))
+    verify_topic(config, probe, admin).map(Some)
 }
 
 pub(crate) fn kafka(
@@ -129,46 +127,70 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
-fn create_topic(
-    config: &ChangelogConfig,
+/// The topic settings a changelog is created with, as `(name, value)`.
+fn topic_settings(config: &ChangelogConfig) -> Vec<(&'static str, String)> {
+    let mut settings = vec![("cleanup.policy", "compact".to_string())];
+    if let Some(min_isr) = config.min_insync_replicas {
+        settings.push(("min.insync.replicas", min_isr.to_string()));
+    }
+    if config.max_record_bytes > crate::config::DEFAULT_MAX_RECORD_BYTES {
+        let limit = config.max_record_bytes + crate::config::RECORD_OVERHEAD;
+        settings.push(("max.message.bytes", limit.to_string()));
+    }
+    settings
+}
+
+/// Creates the changelog topics of `configs` (distinct topics) in one `CreateTopics` request: the
+/// broker works on them together, where one request after another waits for each in turn. A
+/// topic another client created first is no error; it is verified like any existing topic.
+pub(crate) fn create_topics(
+    configs: &[&ChangelogConfig],
     admin: &AdminClient<DefaultClientContext>,
 ) -> Result<(), ChangelogError> {
-    let Some(partitions) = config.partitions else {
-        return Err(ChangelogError::InvalidConfig {
-            topic: config.topic.clone(),
-            message: "the topic does not exist, and creating it needs its partition count: set \
-                      ChangelogConfig::partitions to the task input's partition count"
-                .into(),
-        });
+    let Some(&first) = configs.first() else {
+        return Ok(());
     };
-    let min_isr = config.min_insync_replicas.map(|n| n.to_string());
-    let max_message = (config.max_record_bytes > crate::config::DEFAULT_MAX_RECORD_BYTES)
-        .then(|| (config.max_record_bytes + crate::config::RECORD_OVERHEAD).to_string());
-    let mut topic = NewTopic::new(
-        &config.topic,
-        partitions,
-        TopicReplication::Fixed(config.replication_factor),
-    )
-    .set("cleanup.policy", "compact");
-    if let Some(min_isr) = &min_isr {
-        topic = topic.set("min.insync.replicas", min_isr);
+    let mut partitions = Vec::with_capacity(configs.len());
+    for config in configs {
+        let Some(n) = config.partitions else {
+            return Err(ChangelogError::InvalidConfig {
+                topic: config.topic.clone(),
+                message: "the topic does not exist, and creating it needs its partition count: \
+                          set ChangelogConfig::partitions to the task input's partition count"
+                    .into(),
+            });
+        };
+        partitions.push(n);
     }
-    if let Some(max_message) = &max_message {
-        topic = topic.set("max.message.bytes", max_message);
-    }
-    let options = AdminOptions::new().operation_timeout(Some(config.open_timeout));
-    let results = block_on(admin.create_topics(&[topic], &options))
-        .map_err(|source| kafka(config, "create changelog topic", source))?;
+    let settings: Vec<_> = configs.iter().map(|c| topic_settings(c)).collect();
+    let topics: Vec<NewTopic<'_>> = configs
+        .iter()
+        .zip(&partitions)
+        .zip(&settings)
+        .map(|((config, &n), settings)| {
+            settings.iter().fold(
+                NewTopic::new(
+                    &config.topic,
+                    n,
+                    TopicReplication::Fixed(config.replication_factor),
+                ),
+                |topic, (name, value)| topic.set(name, value),
+            )
+        })
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(first.open_timeout));
+    let results = block_on(admin.create_topics(&topics, &options))
+        .map_err(|source| kafka(first, "create changelog topic", source))?;
+    // One result per topic, named.
+    let config_of = |name: &str| configs.iter().find(|c| c.topic == name).copied();
     for result in results {
         match result {
-            Ok(_) => {
-                tracing::info!(topic = %config.topic, partitions, "created changelog topic")
-            }
+            Ok(name) => tracing::info!(topic = %name, "created changelog topic"),
             // Another task created it first: verified below like any existing topic.
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((_, code)) => {
+            Err((name, code)) => {
                 return Err(kafka(
-                    config,
+                    config_of(&name).unwrap_or(first),
                     "create changelog topic",
                     KafkaError::AdminOp(code),
                 ));
@@ -180,13 +202,13 @@ fn create_topic(
 
 fn verify_topic(
     config: &ChangelogConfig,
-    clients: &RestoreClients,
+    probe: &BaseConsumer<ConnectionWatch>,
+    admin: &AdminClient<DefaultClientContext>,
 ) -> Result<CheckedTopic, ChangelogError> {
     // Metadata of a just-created topic can take a moment to show every partition.
     let deadline = std::time::Instant::now() + config.open_timeout;
     let (actual, replicas, min_replicas) = loop {
-        let metadata = clients
-            .probe
+        let metadata = probe
             .fetch_metadata(Some(&config.topic), config.open_timeout)
             .map_err(|source| kafka(config, "read topic metadata", source))?;
         let (count, replicas, min_replicas) = metadata
@@ -240,12 +262,9 @@ fn verify_topic(
         )));
     }
     let options = AdminOptions::new().request_timeout(Some(config.open_timeout));
-    let described = block_on(
-        clients
-            .admin
-            .describe_configs(&[ResourceSpecifier::Topic(&config.topic)], &options),
-    )
-    .map_err(|source| kafka(config, "describe changelog topic", source))?;
+    let described =
+        block_on(admin.describe_configs(&[ResourceSpecifier::Topic(&config.topic)], &options))
+            .map_err(|source| kafka(config, "describe changelog topic", source))?;
     let resource = described.into_iter().next().and_then(Result::ok);
     let setting = |name: &str| {
         resource

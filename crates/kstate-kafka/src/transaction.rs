@@ -47,11 +47,11 @@
 //! the stores' own trackers, until every record's report was served; librdkafka's flush then
 //! has nothing left to serve.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kstate_core::PoisonReason;
+use kstate_core::sync::read;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -60,43 +60,7 @@ use rdkafka::producer::Producer;
 use crate::config::{ChangelogConfig, ProducerConfig};
 use crate::error::{ChangelogError, TransactionError};
 use crate::producer::SharedProducer;
-
-/// The transactional side of a [`SharedProducer`].
-#[derive(Debug)]
-pub(crate) struct Transaction {
-    pub(crate) id: String,
-    pub(crate) timeout: Duration,
-    /// A store's overlay reached its bound: the owner should commit now.
-    commit_requested: AtomicBool,
-}
-
-impl Transaction {
-    /// Asks the producer's owner to commit soon (a full overlay must never be applied locally
-    /// under a transaction).
-    pub(crate) fn request_commit(&self) {
-        self.commit_requested.store(true, Ordering::Release);
-    }
-}
-
-/// A store whose writes a transaction carries.
-pub(crate) trait TransactionMember: Send + Sync {
-    /// The store's name, for errors.
-    fn member_name(&self) -> String;
-    /// The store's send lock: held from the settle to the next transaction's begin, so that no
-    /// write of the store falls between them (a [`Batch`](kstate_core::Batch) is in one
-    /// transaction, whole). The calls below are made with it held.
-    fn hold_sends(&self) -> std::sync::MutexGuard<'_, ()>;
-    /// Waits until every record the store sent is acknowledged (its report served).
-    fn settle(&self, deadline: Instant) -> Result<(), PoisonReason>;
-    /// The transaction committed: write the overlay and its last offset to RocksDB.
-    fn committed(&self) -> kstate_core::Result<()>;
-    /// An abort starts: the purge's delivery failures must not poison.
-    fn abort_starting(&self);
-    /// The transaction aborted: drop the overlay.
-    fn aborted(&self);
-    /// The producer failed for good: the store serves nothing more.
-    fn producer_failed(&self, reason: PoisonReason);
-}
+use crate::transaction_member::{Transaction, TransactionMember};
 
 /// Why a commit did not complete.
 enum Failure {
@@ -168,11 +132,7 @@ impl SharedProducer {
         let id = transactional_id.into();
         let producer = Self::build(
             config,
-            Some(Transaction {
-                id: id.clone(),
-                timeout: transaction_timeout,
-                commit_requested: AtomicBool::new(false),
-            }),
+            Some(Transaction::new(id.clone(), transaction_timeout)),
         )?;
         let kafka = |operation, source| ChangelogError::Producer {
             bootstrap_servers: config.client.bootstrap_servers().to_string(),
@@ -200,7 +160,7 @@ impl SharedProducer {
     pub fn commit_requested(&self) -> bool {
         self.transaction
             .as_ref()
-            .is_some_and(|t| t.commit_requested.load(Ordering::Acquire))
+            .is_some_and(|t| t.commit_is_requested())
     }
 
     fn transaction_state(&self) -> Result<&Transaction, TransactionError> {
@@ -216,9 +176,7 @@ impl SharedProducer {
     }
 
     fn members(&self) -> Vec<Arc<dyn TransactionMember>> {
-        self.routes
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+        read(&self.routes)
             .members
             .values()
             .filter_map(std::sync::Weak::upgrade)
@@ -240,7 +198,7 @@ impl SharedProducer {
         let transaction = self.transaction_state()?;
         let started = Instant::now();
         let deadline = started + timeout;
-        transaction.commit_requested.store(false, Ordering::Release);
+        transaction.commit_started();
         let members = self.members();
         let held: Vec<_> = members.iter().map(|m| m.hold_sends()).collect();
         let outcome = self.commit_held(&members, transaction, offsets, deadline);

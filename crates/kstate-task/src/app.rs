@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use kstate_core::codec::{Bincode, Codec, OrderedKey};
+use kstate_core::sync::lock;
 use kstate_core::{KeyValueStore, Store};
 use kstate_kafka::ConnectionWatch;
 use rdkafka::consumer::BaseConsumer;
@@ -15,7 +16,7 @@ use rdkafka::consumer::BaseConsumer;
 use crate::config::{AppConfig, ProcessorFactory};
 use crate::error::{TaskError, panic_message};
 use crate::shared::{AppShared, AppState};
-use crate::status::{TaskStatus, lock};
+use crate::status::TaskStatus;
 use crate::stores::StoreHandle;
 
 /// An application, ready to start.

@@ -11,7 +11,7 @@
 //! `max_entries` or `max_bytes` it drains and forgets its clean entries.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use kstate_core::{Batch, EntryIter, KeyRange, KeyValueStore, Order, Result};
 use kstate_kafka::LoggedStore;
@@ -56,7 +56,7 @@ impl CoalescingStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, Cache> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+        kstate_core::sync::lock(&self.cache)
     }
 
     /// Writes the entries written since the last drain to the logged store (which sends them to

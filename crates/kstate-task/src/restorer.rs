@@ -18,11 +18,16 @@
 //! The jobs of one assignment share a [`Batch`]: before the first of them, a thread asks for the
 //! ends of all the batch's changelogs in three requests ([`RestoreClients::prefetch_ends`]), so
 //! that a task with nothing to replay opens with no broker round trip of its own (four per store
-//! before: most of a 1,000-task restart's broker time, BENCHMARKS.md).
+//! before: most of a 1,000-task restart's broker time, BENCHMARKS.md). First it creates the
+//! missing changelog topics of the batch's new tasks (no local state, so no stored position),
+//! all in one request ([`RestoreClients::create_missing_topics`]); a fresh start's restores
+//! otherwise created them one after another.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use kstate_core::sync::lock;
 use std::time::{Duration, Instant};
 
 use kstate_kafka::{
@@ -58,6 +63,10 @@ pub(crate) struct Batch {
     pub(crate) id: u64,
     /// The changelog of every store of every task of the batch.
     pub(crate) changelogs: Vec<ChangelogConfig>,
+    /// The changelogs of the batch's tasks that have no local state (no RocksDB directory):
+    /// their stores hold no position, so their missing topics are created before the restores,
+    /// all in one request ([`RestoreClients::create_missing_topics`]).
+    pub(crate) of_new_tasks: Vec<ChangelogConfig>,
 }
 
 /// A finished job: the restored stores, or why not.
@@ -135,10 +144,26 @@ fn prefetch(batch: &Batch, clients: &mut Option<RestoreClients>) {
         return;
     };
     let started = Instant::now();
-    let prefetched = match clients_for(first, clients) {
-        Ok(c) => c.prefetch_ends(&batch.changelogs),
-        Err(e) => Err(e),
+    let clients = match clients_for(first, clients) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(error = %e, "no restore clients to prefetch with; each restore asks for its own");
+            return;
+        }
     };
+    match clients.create_missing_topics(&batch.of_new_tasks) {
+        Ok(0) => {}
+        Ok(created) => tracing::debug!(
+            created,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "created the new tasks' changelog topics"
+        ),
+        // Each restore creates its own topic then, and reports what fails.
+        Err(e) => {
+            tracing::debug!(error = %e, "could not create the new tasks' changelog topics together")
+        }
+    }
+    let prefetched = clients.prefetch_ends(&batch.changelogs);
     match prefetched {
         Ok(found) => tracing::debug!(
             changelogs = batch.changelogs.len(),
@@ -183,7 +208,7 @@ pub(crate) fn run(
     let mut prefetched = None;
     loop {
         // The lock is held only while waiting for a job, never while restoring.
-        let next = jobs.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        let next = lock(&jobs).recv();
         let Ok(job) = next else {
             return;
         };

@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use kstate_core::sync::lock;
 use std::time::{Duration, Instant};
 
 use kstate_kafka::{BatchRestored, LoggedStore, RestoreListener, RestoreStart};
@@ -109,10 +111,6 @@ impl RestoreListener for Progress {
             .fetch_add(batch.records as u64, Ordering::Relaxed);
         metrics::counter!("kstate_task_restored_records").increment(batch.records as u64);
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A task as the registry knows it.

@@ -37,7 +37,7 @@ use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 use crate::config::{ChangelogConfig, LostChangelog};
 use crate::error::ChangelogError;
 use crate::position::ChangelogPosition;
-use crate::topic::{TopicFacts, ensure_topic};
+use crate::topic::TopicFacts;
 
 pub use clients::{PREFETCHED_END_TTL, RestoreClients};
 pub use location::StoreLocation;
@@ -276,7 +276,7 @@ fn check_and_capture(
     clients: &RestoreClients,
     create: bool,
 ) -> Result<(Option<TopicFacts>, Option<end::Watermarks>, Instant), ChangelogError> {
-    let facts = ensure_topic(config, clients, create)?;
+    let facts = clients.ensure_topic(config, create)?;
     let started = Instant::now();
     let watermarks = match facts {
         Some(_) => Some(end::capture_end(config, &clients.probe, &clients.consumer)?),

@@ -17,7 +17,9 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
+
+use kstate_core::sync::lock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::ChangelogError;
@@ -60,7 +62,7 @@ fn check_is_store_directory(path: &Path) -> Result<(), ChangelogError> {
 static DELETING: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 
 fn deleting() -> std::sync::MutexGuard<'static, BTreeSet<PathBuf>> {
-    DELETING.lock().unwrap_or_else(PoisonError::into_inner)
+    lock(&DELETING)
 }
 
 /// Renames the store directory at `path` aside and deletes it. The store must be closed.

@@ -17,8 +17,8 @@ use rdkafka::{ClientContext, TopicPartitionList};
 
 use crate::error::TaskError;
 use crate::ids::InputPartition;
-use crate::status::lock;
 use crate::worker::core::Core;
+use kstate_core::sync::lock;
 
 pub(crate) struct WorkerContext {
     pub(crate) core: Arc<Mutex<Core>>,

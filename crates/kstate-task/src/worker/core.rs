@@ -176,13 +176,18 @@ impl Core {
                 (partition, stores)
             })
             .collect();
+        let changelogs = |new_only: bool| {
+            tasks
+                .iter()
+                .filter(|(partition, _)| !new_only || !config.task_dir(*partition).exists())
+                .flat_map(|(_, stores)| stores.iter().map(|(_, c)| c.clone()))
+                .collect()
+        };
         let batch = Arc::new(Batch {
             // The id of its first job: a batch id is never used twice.
             id: self.next_job + 1,
-            changelogs: tasks
-                .iter()
-                .flat_map(|(_, stores)| stores.iter().map(|(_, c)| c.clone()))
-                .collect(),
+            changelogs: changelogs(false),
+            of_new_tasks: changelogs(true),
         });
         for (partition, stores) in tasks {
             let progress = Arc::new(Progress::new());

@@ -66,7 +66,7 @@ use crate::error::TaskError;
 use crate::ids::Record;
 use crate::restorer::{Done, Job};
 use crate::shared::AppShared;
-use crate::status::lock;
+use kstate_core::sync::lock;
 
 use self::callbacks::WorkerContext;
 use self::core::Core;

@@ -49,12 +49,14 @@ import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.Stores;
 
 /**
- * The Kafka Streams side of benches/kafka-streams/compare.sh.
+ * The Kafka Streams side of benches/kafka-streams/compare.sh (and of failover.sh and tasks.sh).
  *
  * <pre>
  * restore --bootstrap B --application-id APP --store STORE [--topology dsl|papi] [--delete-topics]
  * puts    --bootstrap B --rows N [--application-id APP] [--store STORE] [--topology papi|dsl]
  *         [--value-size BYTES] [--seed N] [--delete-topics]
+ * tasks   --bootstrap B --partitions N [--stores 3] [--records-per-partition 10] [--threads 2]
+ *         [--deadline-s 600] [--commit-interval-ms MS]   (tasks.sh; see {@link #tasks})
  * </pre>
  *
  * <p>Every mode also takes {@code --client-properties FILE}: the librdkafka properties kstate's
@@ -96,6 +98,7 @@ public final class KafkaStreamsBench {
             case "puts" -> rc = puts(opts);
             case "e2e" -> rc = e2e(opts);
             case "serve" -> rc = serve(opts);
+            case "tasks" -> rc = tasks(opts);
             default -> {
                 usage();
                 rc = 2;
@@ -117,6 +120,8 @@ public final class KafkaStreamsBench {
                         + "  serve --bootstrap B --application-id APP --input TOPIC --output TOPIC --state-dir DIR"
                         + " [--session-timeout-ms N] [--heartbeat-interval-ms N]"
                         + " [--guarantee at-least-once|exactly-once] [--group-instance-id NAME]\n"
+                        + "  tasks --bootstrap B --partitions N [--stores 3] [--records-per-partition 10]"
+                        + " [--threads 2] [--deadline-s 600] [--commit-interval-ms MS]\n"
                         + "every mode: [--client-properties FILE] (librdkafka names; then --bootstrap is optional)");
     }
 
@@ -681,6 +686,460 @@ public final class KafkaStreamsBench {
             if (end != rows) {
                 throw new IllegalStateException("input topic " + topic + " has " + end + " records, wanted " + rows);
             }
+        }
+    }
+
+    // ------------------------------------------------------------------ tasks
+
+    /**
+     * The Kafka Streams side of benches/kafka-streams/tasks.sh, the equivalent of kstate's
+     * examples/tasks_per_process.rs: what many tasks cost one process. A count-by-key topology
+     * (Processor API) with {@code --stores} S stores per task, s0..s{S-1}
+     * (Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore), ByteArray keys, Long counts,
+     * logging on, caching off: kstate's StoreOptions::default has coalescing off), runs on a
+     * fresh input of {@code --partitions} N partitions, so this one instance holds N tasks and
+     * N * S RocksDB instances (one per store per task; kstate: one per task). Per record, for
+     * every store: count = get(key) + 1, put(key, count); then (key, the last count as a decimal
+     * string) to the N-partition output. {@code --records-per-partition} records per partition
+     * (keys k0..k3 in turn, value "v") are produced first (not timed; the count is checked).
+     *
+     * <p>Settings: at_least_once, num.stream.threads {@code --threads} (2), no standby,
+     * replication.factor 1, state.dir a fresh temp dir, commit.interval.ms Kafka Streams' default
+     * (30 s under at_least_once: the fresh start's processed_s waits for the first commit; kstate
+     * commits every 100 ms; {@code --commit-interval-ms MS} sets it), everything else default.
+     * The application id is fresh per run (tasks-N-PID-TIME-ks).
+     *
+     * <p>Started on the empty state dir ("fresh"), it prints the time from constructing the
+     * KafkaStreams (clients and threads; the Topology is built before) until every task runs, and
+     * until the group's committed input offsets sum to every record; then the process's
+     * resources, then the close time. Then a second KafkaStreams on the same state dir and
+     * application id ("restart"), the same lines but processed_s. "Every task runs": the client
+     * is RUNNING, it has {@code --threads} stream threads, each RUNNING, and their active tasks
+     * (metadataForLocalThreads) number N. With the state updater (on by default in 4.x) a stream
+     * thread becomes RUNNING only once the state updater restores no active task and no task
+     * waits to be initialized, i.e. every assigned active task has finished restoring and is
+     * RUNNING; the thread metadata is taken at that transition, and any rebalance turns the client
+     * REBALANCING again. The lines (the same as kstate's, with heap_mb and without budget_mb):
+     *
+     * <pre>
+     * tasks-open n=N start=fresh running_s=S processed_s=S
+     * tasks-open n=N start=restart running_s=S
+     * tasks-resources n=N start=fresh|restart rss_mb=MB threads=N fds=N rocksdb=N memtable_mb=MB cache_mb=MB heap_mb=MB
+     * tasks-close n=N start=fresh|restart close_s=S
+     * </pre>
+     *
+     * <p>rss_mb and threads from /proc/self/status, fds the entries of /proc/self/fd, rocksdb the
+     * directories under state.dir holding a CURRENT file, memtable_mb and cache_mb the sums of
+     * the stores' RocksDB metrics size-all-mem-tables and block-cache-usage (each store has its
+     * own block cache by default), heap_mb the JVM heap in use. On a failure (the client
+     * failing, a start not done within {@code --deadline-s}, a close that times out) it prints
+     * {@code tasks-failed n=N start=fresh|restart reason=REASON error=MESSAGE} (REASON:
+     * too-many-open-files, out-of-memory, timeout, close-timeout, or the exception's class) and
+     * exits 1. Either way the topics (input, output, changelogs), the consumer group and the state
+     * dir are deleted at the end.
+     */
+    private static int tasks(Map<String, String> opts) throws Exception {
+        String bootstrap = bootstrap(opts);
+        long partitionsLong = number(opts, "partitions", 0);
+        if (partitionsLong <= 0 || partitionsLong > 100_000) {
+            throw new IllegalArgumentException("--partitions N (1..100000) is required");
+        }
+        int n = (int) partitionsLong;
+        int stores = (int) number(opts, "stores", 3);
+        long perPartition = number(opts, "records-per-partition", 10);
+        int threads = (int) number(opts, "threads", 2);
+        long deadlineS = number(opts, "deadline-s", 600);
+        if (stores <= 0 || perPartition < 0 || threads <= 0 || deadlineS <= 0) {
+            throw new IllegalArgumentException("--stores, --threads and --deadline-s must be positive,"
+                    + " --records-per-partition not negative");
+        }
+        String app = String.format("tasks-%d-%d-%d-ks", n, ProcessHandle.current().pid(),
+                System.currentTimeMillis() / 1000 % 1_000_000);
+        String input = app + "-in";
+        String output = app + "-out";
+        List<String> topics = new ArrayList<>(List.of(input, output));
+        for (int s = 0; s < stores; s++) {
+            topics.add(app + "-s" + s + "-changelog");
+        }
+        Path stateDir = Files.createTempDirectory("kstate-ks-tasks-");
+        TasksRun run = new TasksRun(bootstrap, app, input, output, n, stores, threads, stateDir,
+                TimeUnit.SECONDS.toNanos(deadlineS));
+        run.commitIntervalMs = number(opts, "commit-interval-ms", -1);
+        int rc = 0;
+        try (Admin admin = admin(bootstrap)) {
+            if (admin.listTopics().names().get().contains(input)) {
+                // Not ours: leave it (and the rest) alone.
+                System.err.println("kafka-streams tasks: input topic " + input + " already exists");
+                deleteTree(stateDir);
+                return 1;
+            }
+        }
+        try (Admin admin = admin(bootstrap)) {
+            run.admin = admin;
+            long setupStart = System.nanoTime();
+            admin.createTopics(List.of(new NewTopic(input, n, (short) 1), new NewTopic(output, n, (short) 1)))
+                    .all().get(5, TimeUnit.MINUTES);
+            produceTasksInput(bootstrap, admin, input, n, perPartition);
+            System.err.printf("kafka-streams tasks: %d partitions, %d records each, in %.0f ms%n", n, perPartition,
+                    (System.nanoTime() - setupStart) / 1e6);
+            long rows = perPartition * n;
+            if (!run.start("fresh", rows) || !run.start("restart", -1)) {
+                rc = 1;
+            }
+        } catch (Throwable e) {
+            // Setup failed (or something outside a start): still clean up.
+            System.out.printf("tasks-failed n=%d start=setup reason=%s error=%s%n", n, reason(e), oneLine(e));
+            e.printStackTrace();
+            rc = 1;
+        } finally {
+            deleteTopicsAndGroup(bootstrap, app, topics);
+            try {
+                deleteTree(stateDir);
+            } catch (IOException e) {
+                System.err.println("could not remove " + stateDir + ": " + e);
+            }
+        }
+        return rc;
+    }
+
+    /** One tasks run: its names and settings, and the starts on one state dir. */
+    private static final class TasksRun {
+        final String bootstrap;
+        final String app;
+        final String input;
+        final String output;
+        final int n;
+        final int stores;
+        final int threads;
+        final Path stateDir;
+        final long deadlineNs;
+        /** --commit-interval-ms, or -1: Kafka Streams' default. */
+        long commitIntervalMs = -1;
+        Admin admin;
+
+        TasksRun(String bootstrap, String app, String input, String output, int n, int stores, int threads,
+                Path stateDir, long deadlineNs) {
+            this.bootstrap = bootstrap;
+            this.app = app;
+            this.input = input;
+            this.output = output;
+            this.n = n;
+            this.stores = stores;
+            this.threads = threads;
+            this.stateDir = stateDir;
+            this.deadlineNs = deadlineNs;
+        }
+
+        /**
+         * Starts a KafkaStreams, waits until every task runs (and, given {@code rows} >= 0, until
+         * the group committed that many input records), prints what it measured, closes it.
+         * False (after a tasks-failed line) if any of it failed.
+         */
+        boolean start(String name, long rows) {
+            Topology topology = tasksTopology(input, output, stores);
+            Properties props = streamsProps(bootstrap, app, stateDir);
+            props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, threads);
+            props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0L);
+            if (commitIntervalMs >= 0) {
+                props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, commitIntervalMs);
+            }
+            KafkaStreams streams = null;
+            AtomicReference<Throwable> failure = new AtomicReference<>();
+            String failed = null;
+            String error = null;
+            long started = System.nanoTime();
+            try {
+                streams = new KafkaStreams(topology, props);
+                KafkaStreams s = streams;
+                streams.setUncaughtExceptionHandler(e -> {
+                    failure.compareAndSet(null, e);
+                    return StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
+                });
+                streams.start();
+                double running = until(s, failure, started, () -> allRunning(s)) / 1e9;
+                String line = String.format("tasks-open n=%d start=%s running_s=%.2f", n, name, running);
+                if (rows >= 0) {
+                    double processed = until(s, failure, started, () -> committedTotal() >= rows) / 1e9;
+                    line += String.format(" processed_s=%.2f", processed);
+                }
+                System.out.println(line);
+                System.out.println(resources(name, streams));
+            } catch (Throwable e) {
+                Throwable cause = failure.get() != null ? failure.get() : e;
+                failed = e instanceof DeadlineException ? "timeout" : reason(cause);
+                error = oneLine(cause);
+                cause.printStackTrace();
+            }
+            if (streams != null) {
+                long stopping = System.nanoTime();
+                boolean closed;
+                try {
+                    closed = streams.close(new KafkaStreams.CloseOptions().leaveGroup(true)
+                            .timeout(java.time.Duration.ofMinutes(5)));
+                } catch (Throwable e) {
+                    closed = false;
+                    if (failed == null) {
+                        failed = reason(e);
+                        error = "close: " + oneLine(e);
+                    }
+                }
+                if (closed) {
+                    System.out.printf("tasks-close n=%d start=%s close_s=%.2f%n", n, name,
+                            (System.nanoTime() - stopping) / 1e9);
+                } else if (failed == null) {
+                    failed = "close-timeout";
+                    error = "KafkaStreams#close did not finish within 5 minutes (state " + streams.state() + ")";
+                }
+                if (failed == null && failure.get() != null) {
+                    failed = reason(failure.get());
+                    error = oneLine(failure.get());
+                }
+            }
+            if (failed != null) {
+                System.out.printf("tasks-failed n=%d start=%s reason=%s error=%s%n", n, name, failed, error);
+                return false;
+            }
+            return true;
+        }
+
+        /** Every task running: see {@link #tasks}. */
+        boolean allRunning(KafkaStreams streams) {
+            if (streams.state() != KafkaStreams.State.RUNNING) {
+                return false;
+            }
+            var metadata = streams.metadataForLocalThreads();
+            if (metadata.size() != threads) {
+                return false;
+            }
+            int active = 0;
+            for (var thread : metadata) {
+                if (!thread.threadState().equals("RUNNING")) {
+                    return false;
+                }
+                active += thread.activeTasks().size();
+            }
+            return active == n && streams.state() == KafkaStreams.State.RUNNING;
+        }
+
+        /** The sum of the group's committed offsets on the input (every partition starts at 0). */
+        long committedTotal() {
+            try {
+                var committed = admin.listConsumerGroupOffsets(app).partitionsToOffsetAndMetadata()
+                        .get(10, TimeUnit.SECONDS);
+                long total = 0;
+                for (var e : committed.entrySet()) {
+                    if (e.getKey().topic().equals(input) && e.getValue() != null) {
+                        total += e.getValue().offset();
+                    }
+                }
+                return total;
+            } catch (Exception e) {
+                return -1;
+            }
+        }
+
+        /** The nanoseconds from the start until {@code done}; throws if the client fails or time runs out. */
+        long until(KafkaStreams streams, AtomicReference<Throwable> failure, long started,
+                java.util.function.BooleanSupplier done) throws Exception {
+            long deadline = started + deadlineNs;
+            while (true) {
+                if (done.getAsBoolean()) {
+                    return System.nanoTime() - started;
+                }
+                KafkaStreams.State s = streams.state();
+                if (failure.get() != null) {
+                    throw new IllegalStateException("Kafka Streams failed", failure.get());
+                }
+                if (s == KafkaStreams.State.ERROR || s == KafkaStreams.State.PENDING_ERROR
+                        || s == KafkaStreams.State.NOT_RUNNING || s == KafkaStreams.State.PENDING_SHUTDOWN) {
+                    throw new IllegalStateException("Kafka Streams is " + s);
+                }
+                if (System.nanoTime() >= deadline) {
+                    throw new DeadlineException("not done within " + deadlineNs / 1_000_000_000L + " s (state " + s
+                            + ", active tasks " + activeTasks(streams) + " of " + n + ")");
+                }
+                Thread.sleep(5);
+            }
+        }
+
+        String resources(String name, KafkaStreams streams) throws IOException {
+            double memtable = 0;
+            double cache = 0;
+            for (var e : streams.metrics().entrySet()) {
+                if (!e.getKey().group().equals("stream-state-metrics")) {
+                    continue;
+                }
+                String metric = e.getKey().name();
+                if (metric.equals("size-all-mem-tables") || metric.equals("block-cache-usage")) {
+                    Object v = e.getValue().metricValue();
+                    double bytes = v instanceof Number num ? num.doubleValue() : 0;
+                    if (metric.equals("size-all-mem-tables")) {
+                        memtable += bytes;
+                    } else {
+                        cache += bytes;
+                    }
+                }
+            }
+            Runtime rt = Runtime.getRuntime();
+            double mb = 1 << 20;
+            long fds;
+            try (var list = Files.list(Path.of("/proc/self/fd"))) {
+                fds = list.count();
+            }
+            return String.format("tasks-resources n=%d start=%s rss_mb=%.0f threads=%d fds=%d rocksdb=%d"
+                            + " memtable_mb=%.0f cache_mb=%.0f heap_mb=%.0f",
+                    n, name, procStatus("VmRSS") * 1024 / mb, procStatus("Threads"), fds, rocksdbInstances(stateDir),
+                    memtable / mb, cache / mb, (rt.totalMemory() - rt.freeMemory()) / mb);
+        }
+    }
+
+    private static int activeTasks(KafkaStreams streams) {
+        return streams.metadataForLocalThreads().stream().mapToInt(t -> t.activeTasks().size()).sum();
+    }
+
+    /** A start that did not finish within --deadline-s. */
+    private static final class DeadlineException extends Exception {
+        DeadlineException(String message) {
+            super(message);
+        }
+    }
+
+    /** A short name for how Kafka Streams failed, from the cause chain. */
+    private static String reason(Throwable e) {
+        for (Throwable t = e; t != null; t = t.getCause()) {
+            String m = String.valueOf(t.getMessage());
+            if (m.contains("Too many open files")) {
+                return "too-many-open-files";
+            }
+            if (t instanceof OutOfMemoryError) {
+                return "out-of-memory";
+            }
+            if (t instanceof java.util.concurrent.TimeoutException
+                    || t instanceof org.apache.kafka.common.errors.TimeoutException) {
+                return "timeout";
+            }
+        }
+        Throwable root = e;
+        while (root.getCause() != null && root.getCause() != root) {
+            root = root.getCause();
+        }
+        return root.getClass().getSimpleName();
+    }
+
+    /** The exception and its causes on one line. */
+    private static String oneLine(Throwable e) {
+        StringBuilder b = new StringBuilder();
+        for (Throwable t = e; t != null && b.length() < 600; t = t.getCause()) {
+            if (b.length() > 0) {
+                b.append(" <- ");
+            }
+            b.append(t.getClass().getSimpleName()).append(": ").append(t.getMessage());
+            if (t.getCause() == t) {
+                break;
+            }
+        }
+        return b.toString().replace('\n', ' ');
+    }
+
+    /** The input: {@code perPartition} records (keys k0..k3 in turn, value "v") in every partition; checked. */
+    private static void produceTasksInput(String bootstrap, Admin admin, String topic, int partitions,
+            long perPartition) throws Exception {
+        Properties p = new Properties();
+        p.putAll(CLIENT);
+        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ProducerConfig.ACKS_CONFIG, "all");
+        p.put(ProducerConfig.LINGER_MS_CONFIG, 5);
+        byte[] value = "v".getBytes(java.nio.charset.StandardCharsets.US_ASCII);
+        try (KafkaProducer<byte[], byte[]> producer =
+                new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer())) {
+            for (int partition = 0; partition < partitions; partition++) {
+                for (long i = 0; i < perPartition; i++) {
+                    byte[] key = ("k" + (i % 4)).getBytes(java.nio.charset.StandardCharsets.US_ASCII);
+                    producer.send(new ProducerRecord<>(topic, partition, key, value));
+                }
+            }
+            producer.flush();
+        }
+        Map<TopicPartition, OffsetSpec> latest = new HashMap<>();
+        for (int partition = 0; partition < partitions; partition++) {
+            latest.put(new TopicPartition(topic, partition), OffsetSpec.latest());
+        }
+        long total = 0;
+        for (var info : admin.listOffsets(latest).all().get(2, TimeUnit.MINUTES).values()) {
+            total += info.offset();
+        }
+        if (total != perPartition * partitions) {
+            throw new IllegalStateException("input topic " + topic + " has " + total + " records, wanted "
+                    + perPartition * partitions);
+        }
+    }
+
+    /** Source on the input, the counting processor with its stores, sink on the output. */
+    private static Topology tasksTopology(String input, String output, int stores) {
+        Topology topology = new Topology();
+        topology.addSource("input", Serdes.ByteArray().deserializer(), Serdes.ByteArray().deserializer(), input);
+        List<String> names = new ArrayList<>();
+        for (int s = 0; s < stores; s++) {
+            names.add("s" + s);
+        }
+        topology.addProcessor("count-in-every", () -> new CountInEvery(names), "input");
+        for (String name : names) {
+            topology.addStateStore(Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore(name),
+                            Serdes.ByteArray(), Serdes.Long())
+                    .withLoggingEnabled(Map.of())
+                    .withCachingDisabled(), "count-in-every");
+        }
+        topology.addSink("output", output, Serdes.ByteArray().serializer(), Serdes.ByteArray().serializer(),
+                "count-in-every");
+        return topology;
+    }
+
+    /** Counts every record of its task in each of its stores; forwards the last count. */
+    private static final class CountInEvery implements Processor<byte[], byte[], byte[], byte[]> {
+        private final List<String> names;
+        private final List<KeyValueStore<byte[], Long>> stores = new ArrayList<>();
+        private ProcessorContext<byte[], byte[]> context;
+
+        CountInEvery(List<String> names) {
+            this.names = names;
+        }
+
+        @Override
+        public void init(ProcessorContext<byte[], byte[]> context) {
+            this.context = context;
+            for (String name : names) {
+                stores.add(context.getStateStore(name));
+            }
+        }
+
+        @Override
+        public void process(Record<byte[], byte[]> record) {
+            byte[] key = record.key() == null ? new byte[0] : record.key();
+            long count = 0;
+            for (KeyValueStore<byte[], Long> store : stores) {
+                Long old = store.get(key);
+                count = (old == null ? 0 : old) + 1;
+                store.put(key, count);
+            }
+            context.forward(record.withKey(key)
+                    .withValue(Long.toString(count).getBytes(java.nio.charset.StandardCharsets.US_ASCII)));
+        }
+    }
+
+    /** The first number of a /proc/self/status field (VmRSS in kB, Threads). */
+    private static long procStatus(String field) throws IOException {
+        for (String line : Files.readAllLines(Path.of("/proc/self/status"))) {
+            if (line.startsWith(field + ":")) {
+                return Long.parseLong(line.substring(field.length() + 1).trim().split("\\s+")[0]);
+            }
+        }
+        throw new IOException("no " + field + " in /proc/self/status");
+    }
+
+    /** Directories under {@code dir} that hold a RocksDB (a CURRENT file). */
+    private static long rocksdbInstances(Path dir) throws IOException {
+        try (var walk = Files.walk(dir)) {
+            return walk.filter(p -> p.getFileName().toString().equals("CURRENT") && Files.isRegularFile(p)).count();
         }
     }
 
