@@ -425,6 +425,65 @@ async fn prefetched_ends_serve_restores_and_one_older_than_the_store_is_asked_ag
     Ok(())
 }
 
+/// A prefetched end also fills an empty store (a new task's): its restore replays up to that end
+/// with no round trip of its own. When another writer has gone past that end since, nothing of
+/// its records is lost to the store: its first write lands past where the restore ended, and the
+/// store is poisoned (a foreign write) instead of storing a position that skips them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefetched_end_fills_an_empty_store_and_a_writer_past_it_poisons_the_store()
+-> anyhow::Result<()> {
+    let topic = unique_topic("prefetch-fresh");
+    let dir = tempfile::tempdir()?;
+    let config = two_partitions(&topic, 0)?;
+    let writer = LoggedStore::open(
+        dir.path().join("writer"),
+        &RocksDbOptions::default(),
+        config.clone(),
+    )?;
+    common::write_keys(&writer, 0..100)?;
+    writer.commit()?;
+    let clients = RestoreClients::new(&config)?;
+    assert_eq!(clients.prefetch_ends(std::slice::from_ref(&config))?, 1);
+    // Another writer goes on after the prefetch.
+    common::write_keys(&writer, 100..150)?;
+    writer.close()?;
+    drop(writer);
+
+    let restored = RestoredStore::restore_with(
+        dir.path().join("fresh"),
+        &RocksDbOptions::default(),
+        config,
+        &OpenHooks::default(),
+        &clients,
+    )?;
+    assert_eq!(
+        (
+            restored.report().start.end_offset,
+            restored.report().records
+        ),
+        (100, 100),
+        "the empty store was filled up to the prefetched end"
+    );
+    let producer = SharedProducer::new(&two_partitions(&topic, 0)?)?;
+    let store = LoggedStore::attach(restored, &producer)?;
+    store.put(b"after", b"1")?;
+    let committed = store.commit();
+    assert!(
+        matches!(
+            committed,
+            Err(kstate::kstate_core::Error::Poisoned {
+                reason: kstate::kstate_core::PoisonReason::ForeignWrite {
+                    expected_offset: 100,
+                    actual_offset: 150
+                },
+                ..
+            })
+        ),
+        "the write past the other writer's records poisons the store: {committed:?}"
+    );
+    Ok(())
+}
+
 /// The changelog topics of an assignment's new tasks that do not exist are created together,
 /// before the restores (one request, where each restore created its own in turn); topics that
 /// exist are left as they are; the restores then find every topic as they require it (two

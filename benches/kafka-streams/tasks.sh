@@ -116,10 +116,19 @@ for n in "${SIZES[@]}"; do
     rc=0
     java "${JAVA_OPTS[@]}" -jar "$JAR" tasks --bootstrap "$BOOTSTRAP" --partitions "$n" --stores "$STORES" \
         --records-per-partition "$RECORDS_PER_PARTITION" --threads "$THREADS" --deadline-s "$DEADLINE_S" \
-        "${KS_EXTRA[@]}" >"$LOG_DIR/kafka-streams-$n.out" 2>"$LOG_DIR/kafka-streams-$n.err" || rc=$?
+        "${KS_EXTRA[@]}" >"$LOG_DIR/kafka-streams-$n.out" 2>"$LOG_DIR/kafka-streams-$n.err" &
+    pid=$!
+    wait "$pid" || rc=$?
     cat "$LOG_DIR/kafka-streams-$n.out" >&2
-    ((rc == 0)) || printf -v "FAILED_kafka_streams_$n" '%s' \
-        "$(failure "$LOG_DIR/kafka-streams-$n.out" "$LOG_DIR/kafka-streams-$n.err" "$rc")"
+    if ((rc != 0)); then
+        printf -v "FAILED_kafka_streams_$n" '%s' \
+            "$(failure "$LOG_DIR/kafka-streams-$n.out" "$LOG_DIR/kafka-streams-$n.err" "$rc")"
+        # A JVM that died (N=1000 ran out of file descriptors and aborted in its close) cleaned
+        # up nothing: its application id is tasks-N-<its pid>-<time>-ks.
+        "$KAFKA_SCRIPT" run-class org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" \
+            --delete --if-exists --topic "tasks-$n-$pid-.*-ks-.*" >>"$LOG_DIR/kafka-streams-$n.err" 2>&1 ||
+            log "could not delete the topics tasks-$n-$pid-*-ks-* the failed Kafka Streams run left"
+    fi
     touch_lease
 done
 

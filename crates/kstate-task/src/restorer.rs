@@ -151,19 +151,37 @@ fn prefetch(batch: &Batch, clients: &mut Option<RestoreClients>) {
             return;
         }
     };
-    match clients.create_missing_topics(&batch.of_new_tasks) {
-        Ok(0) => {}
-        Ok(created) => tracing::debug!(
+    let created = match clients.create_missing_topics(&batch.of_new_tasks) {
+        Ok(created) => created,
+        // Each restore creates its own topic then, and reports what fails.
+        Err(e) => {
+            tracing::debug!(error = %e, "could not create the new tasks' changelog topics together");
+            0
+        }
+    };
+    if created > 0 {
+        tracing::debug!(
             created,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "created the new tasks' changelog topics"
-        ),
-        // Each restore creates its own topic then, and reports what fails.
-        Err(e) => {
-            tracing::debug!(error = %e, "could not create the new tasks' changelog topics together")
-        }
+        );
     }
-    let prefetched = clients.prefetch_ends(&batch.changelogs);
+    // New topics' partitions have no leader for a while (about 16 s for three topics of 1,000
+    // partitions here): their ends are asked for until they have one, as each restore would ask.
+    let leaders_by = started
+        + if created > 0 {
+            NEW_TOPIC_LEADER_WAIT
+        } else {
+            Duration::ZERO
+        };
+    let prefetched = loop {
+        let prefetched = clients.prefetch_ends(&batch.changelogs);
+        let complete = matches!(prefetched, Ok(found) if found == batch.changelogs.len());
+        if complete || Instant::now() >= leaders_by {
+            break prefetched;
+        }
+        std::thread::sleep(NEW_TOPIC_RETRY);
+    };
     match prefetched {
         Ok(found) => tracing::debug!(
             changelogs = batch.changelogs.len(),
@@ -176,6 +194,14 @@ fn prefetch(batch: &Batch, clients: &mut Option<RestoreClients>) {
         }
     }
 }
+
+/// How long a prefetch waits for the partitions of the topics it created to have leaders: as
+/// long as a restore's end capture waits by default (`ChangelogConfig::open_timeout`).
+const NEW_TOPIC_LEADER_WAIT: Duration = Duration::from_secs(30);
+
+/// How often the ends of newly created topics are asked for again while their partitions have
+/// no leader yet.
+const NEW_TOPIC_RETRY: Duration = Duration::from_millis(250);
 
 /// Restores one store of the task's RocksDB.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)

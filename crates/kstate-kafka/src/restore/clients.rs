@@ -23,8 +23,9 @@
 //! partitions together ([`RestoreClients::prefetch_ends`]): three `ListOffsets` requests for the
 //! whole assignment instead of four for each store, which were most of a restart's time with a
 //! thousand tasks. Each prefetched end serves one restore, within [`PREFETCHED_END_TTL`], and
-//! only a restore that resumes after its stored position: a store the prefetched end would
-//! refuse, rebuild or reseed is decided again on an end captured for it alone.
+//! only a restore that resumes after its stored position or fills an empty store: a store the
+//! prefetched end would refuse, rebuild or reseed is decided again on an end captured for it
+//! alone.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

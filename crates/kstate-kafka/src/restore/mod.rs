@@ -348,14 +348,19 @@ pub(crate) fn restore(
         })
     };
     // An end prefetched with the other partitions of an assignment, and a recent topic check,
-    // serve a store that resumes: no round trip to the broker. Any other plan is made again on
-    // an end captured now.
+    // serve a store that resumes or holds nothing: no round trip to the broker. An end older
+    // than the partition's is safe for both, as for any restore whose end another writer passes
+    // later: the store's first record then lands past where the restore ended, and the
+    // producer's offset check poisons it. Any other plan (a refusal, a rebuild, a reseed) is made
+    // again on an end captured now.
     let prefetched = clients
         .checked(config)
         .and_then(|facts| Some((facts, clients.take_prefetched_end(config)?)))
         .and_then(
             |(facts, end)| match decide(Some(end), facts.delete_retention) {
-                Ok(plan @ trust::Plan::Resume { .. }) => Some((facts, end, plan)),
+                Ok(plan @ (trust::Plan::Resume { .. } | trust::Plan::FromStart { wipe: None })) => {
+                    Some((facts, end, plan))
+                }
                 _ => None,
             },
         );
