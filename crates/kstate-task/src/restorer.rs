@@ -156,35 +156,46 @@ fn prefetch(batch: &Batch, clients: &mut Option<RestoreClients>) {
         // Each restore creates its own topic then, and reports what fails.
         Err(e) => {
             tracing::debug!(error = %e, "could not create the new tasks' changelog topics together");
-            0
+            Vec::new()
         }
     };
-    if created > 0 {
+    if !created.is_empty() {
         tracing::debug!(
-            created,
+            topics = ?created,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "created the new tasks' changelog topics"
         );
     }
-    // New topics' partitions have no leader for a while (about 16 s for three topics of 1,000
-    // partitions here): their ends are asked for until they have one, as each restore would ask.
-    let leaders_by = started
-        + if created > 0 {
-            NEW_TOPIC_LEADER_WAIT
-        } else {
-            Duration::ZERO
-        };
+    let (new, existing): (Vec<ChangelogConfig>, Vec<ChangelogConfig>) = batch
+        .changelogs
+        .iter()
+        .cloned()
+        .partition(|c| created.iter().any(|t| t == c.topic()));
+    if !existing.is_empty() {
+        report(clients.prefetch_ends(&existing), existing.len(), started);
+    }
+    if new.is_empty() {
+        return;
+    }
+    // A new topic's partitions have no leader for a while (10-16 s for three topics of 1,000
+    // partitions here): their ends are asked for until every one has, as each restore would.
+    let leaders_by = Instant::now() + NEW_TOPIC_LEADER_WAIT;
     let prefetched = loop {
-        let prefetched = clients.prefetch_ends(&batch.changelogs);
-        let complete = matches!(prefetched, Ok(found) if found == batch.changelogs.len());
+        let prefetched = clients.prefetch_ends(&new);
+        let complete = matches!(prefetched, Ok(found) if found == new.len());
         if complete || Instant::now() >= leaders_by {
             break prefetched;
         }
         std::thread::sleep(NEW_TOPIC_RETRY);
     };
+    report(prefetched, new.len(), started);
+}
+
+/// Logs what a prefetch of `changelogs` ends found.
+fn report(prefetched: Result<usize, ChangelogError>, changelogs: usize, started: Instant) {
     match prefetched {
         Ok(found) => tracing::debug!(
-            changelogs = batch.changelogs.len(),
+            changelogs,
             found,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "prefetched changelog ends"

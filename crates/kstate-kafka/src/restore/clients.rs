@@ -146,7 +146,7 @@ impl RestoreClients {
     }
 
     /// Creates the topics of `changelogs` that do not exist yet, all in one request, and checks
-    /// them as a restore does; returns how many it created. Each restore would create its own
+    /// them as a restore does; returns the topics it created. Each restore would create its own
     /// topic otherwise, one after another: with a thousand tasks of three stores, three
     /// 1,000-partition topics took 3, 10 and 10 s in turn (BENCHMARKS.md). Topics found are
     /// checked (and remembered for [`TOPIC_CHECK_TTL`]) as a restore checks them.
@@ -156,10 +156,15 @@ impl RestoreClients {
     /// ([`LostChangelog`](crate::LostChangelog)); its restore refuses, and creating the topic
     /// for it here would change what the refusal finds. `changelogs` must
     /// [suit](Self::suits) these clients.
+    ///
+    /// A new topic's partitions may have no leader yet when this returns (10–16 s for three
+    /// topics of 1,000 partitions on one broker): a [`prefetch_ends`](Self::prefetch_ends) right
+    /// after it may find no end for them, or fail; the task runtime asks again until it has
+    /// every end, as a restore waits for its own.
     pub fn create_missing_topics(
         &self,
         changelogs: &[ChangelogConfig],
-    ) -> Result<usize, ChangelogError> {
+    ) -> Result<Vec<String>, ChangelogError> {
         let mut asked = std::collections::HashSet::new();
         let mut missing = Vec::new();
         for config in changelogs {
@@ -176,7 +181,7 @@ impl RestoreClients {
             // in case its metadata does not show it yet, which creating again finds existing.
             self.ensure_topic(config, true)?;
         }
-        Ok(missing.len())
+        Ok(missing.iter().map(|c| c.topic.clone()).collect())
     }
 
     /// Asks for the ends of all of `changelogs`' partitions at once, for their restores through
