@@ -26,10 +26,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
-
-use kstate_core::sync::lock;
 use std::time::{Duration, Instant};
 
+use kstate_core::sync::lock;
 use kstate_kafka::{
     BatchRestored, CancelToken, ChangelogConfig, ChangelogError, OpenHooks, RestoreClients,
     RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation,
@@ -159,13 +158,20 @@ fn prefetch(batch: &Batch, clients: &mut Option<RestoreClients>) {
             Vec::new()
         }
     };
-    if !created.is_empty() {
-        tracing::debug!(
-            topics = ?created,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "created the new tasks' changelog topics"
+    if created.is_empty() {
+        // Every topic existed (a restart, a failover): one prefetch of them all.
+        report(
+            clients.prefetch_ends(&batch.changelogs),
+            batch.changelogs.len(),
+            started,
         );
+        return;
     }
+    tracing::debug!(
+        topics = ?created,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "created the new tasks' changelog topics"
+    );
     let (new, existing): (Vec<ChangelogConfig>, Vec<ChangelogConfig>) = batch
         .changelogs
         .iter()
@@ -173,9 +179,6 @@ fn prefetch(batch: &Batch, clients: &mut Option<RestoreClients>) {
         .partition(|c| created.iter().any(|t| t == c.topic()));
     if !existing.is_empty() {
         report(clients.prefetch_ends(&existing), existing.len(), started);
-    }
-    if new.is_empty() {
-        return;
     }
     // A new topic's partitions have no leader for a while (10-16 s for three topics of 1,000
     // partitions here): their ends are asked for until every one has, as each restore would.

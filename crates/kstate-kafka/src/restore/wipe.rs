@@ -18,11 +18,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-use kstate_core::sync::lock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::ChangelogError;
+use kstate_core::sync::lock;
 
 /// Whether RocksDB writes files of this name into a database directory.
 fn is_rocksdb_file(name: &str) -> bool {
