@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""Cumulative rows against time per configuration, from `rows_per_second --json`.
+"""Charts of the benchmarks' JSON results, by what the file holds.
 
-The picture the SAMZA-543 listing describes in text: one line per configuration, rows written
-on the y axis, milliseconds on the x axis; a steeper line is a faster store.
+- `rows_per_second --json` results: cumulative rows against time per configuration, the
+  picture the SAMZA-543 listing describes in text (rows written on the y axis, milliseconds on
+  the x axis; a steeper line is a faster store).
+- A tasks-per-process table (`{"tasks": [{"n", "system", "fresh_s", "restart_s",
+  "rss_fresh_mb", "rss_restart_mb"}, ...]}`, the table of BENCHMARKS.md's many-tasks section):
+  time until every task runs and resident memory against the number of tasks, log-log, each
+  system beside a line of linear growth from its smallest N.
 
-    benches/chart.py results.json benches/rows_per_second.png
+    benches/chart.py benches/rows_per_second.json benches/rows_per_second.png
+    benches/chart.py benches/tasks_per_process.json benches/tasks_per_process.png
 
 Needs matplotlib; when it is missing, the script installs it into a virtual environment under
 ~/.cache/kstate/chart-venv and runs itself again from there.
@@ -34,17 +40,7 @@ def ensure_matplotlib():
     os.execv(python, [python] + sys.argv)
 
 
-def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: chart.py RESULTS.json OUTPUT.png")
-    ensure_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with open(sys.argv[1]) as f:
-        run = json.load(f)
+def rows_chart(plt, run, output):
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)
     for config in run["configs"]:
         points = [(0.0, 0)] + [(ms, rows) for rows, ms in config["progress"]]
@@ -62,7 +58,69 @@ def main():
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(sys.argv[2])
+    fig.savefig(output)
+
+
+def tasks_chart(plt, run, output):
+    rows = run["tasks"]
+    systems = sorted({r["system"] for r in rows})
+    panels = [
+        ("time until every task runs (s)", [("fresh_s", "fresh"), ("restart_s", "restart")]),
+        ("resident memory (MB)", [("rss_fresh_mb", "fresh"), ("rss_restart_mb", "restart")]),
+    ]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), dpi=120)
+    for ax, (ylabel, series) in zip(axes, panels):
+        for system in systems:
+            mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["n"])
+            for field, start in series:
+                points = [(r["n"], r[field]) for r in mine if r.get(field) is not None]
+                if not points:
+                    continue
+                line = ax.plot(
+                    [n for n, _ in points],
+                    [v for _, v in points],
+                    marker="o",
+                    linestyle="-" if start == "fresh" else "--",
+                    label=f"{system} {start}",
+                )[0]
+                # Linear growth from the smallest N: a curve above it grows worse than linearly.
+                n0, v0 = points[0]
+                ax.plot(
+                    [n for n, _ in points],
+                    [v0 * n / n0 for n, _ in points],
+                    color=line.get_color(),
+                    linestyle=":",
+                    linewidth=0.8,
+                    alpha=0.6,
+                )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("tasks in the process (3 stores each)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f'{run.get("title", "tasks per process")} (dotted: linear growth)', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(output)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: chart.py RESULTS.json OUTPUT.png")
+    ensure_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(sys.argv[1]) as f:
+        run = json.load(f)
+    if "tasks" in run:
+        tasks_chart(plt, run, sys.argv[2])
+    elif "configs" in run:
+        rows_chart(plt, run, sys.argv[2])
+    else:
+        sys.exit(f"chart.py: {sys.argv[1]} holds neither rows_per_second results nor a tasks table")
     print("wrote", sys.argv[2])
 
 

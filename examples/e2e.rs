@@ -36,9 +36,12 @@
 //!   same stop condition holds under both guarantees.
 //! - `pipe` is the physical limit: the same broker work with no state. Each input record is
 //!   consumed and two records produced (the output, and a record to a compacted topic standing
-//!   in for the changelog), idempotent with acks=all; every 100 ms it waits until the broker
-//!   acknowledged everything sent (counting delivery reports, as kstate's commit does; not
-//!   librdkafka's flush, which costs far more) and commits the input offsets.
+//!   in for the changelog) by a producer with exactly kstate's settings
+//!   (`ProducerConfig::client_config`: acks=all, idempotence, lz4, the same linger) from a
+//!   consumer set up as kstate's. Every 100 ms it takes the input offsets and commits them once
+//!   the broker has acknowledged everything sent before them (counting delivery reports, not
+//!   librdkafka's flush, which costs far more), polling on meanwhile: kstate's commit stops its
+//!   worker for that wait, the pipe never stops.
 //! - `measure` reads the output topic back: output topics are created with
 //!   `message.timestamp.type=LogAppendTime`, so the broker stamps every output when it appends it,
 //!   whoever produced it. The rate is N input records over the time from the first output's
@@ -85,7 +88,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use kstate::kstate_kafka::ClientProperties;
+use kstate::kstate_kafka::{ClientProperties, ProducerConfig};
 use kstate::kstate_task::{App, ProcessingGuarantee};
 use kstate_bench::flags::Flags;
 use kstate_bench::kafka::{
@@ -98,7 +101,7 @@ use kstate_bench::workload::wide_key;
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
 #[path = "shared/count_by_key.rs"]
@@ -235,7 +238,8 @@ fn run_kstate(client: &ClientProperties, flags: &Flags) -> Result<()> {
     Ok(())
 }
 
-/// The bare pipe: consume one, produce two, commit every 100 ms once everything is acknowledged.
+/// The bare pipe: consume one, produce two, and every 100 ms commit the input offsets once the
+/// broker acknowledged everything sent before them, without pausing the consumption meanwhile.
 async fn pipe(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
     let input = flags.get("input")?;
@@ -257,13 +261,23 @@ async fn pipe(client: &ClientProperties, flags: &Flags) -> Result<()> {
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", "earliest"),
+            // As kstate's input consumers.
+            ("isolation.level", "read_committed"),
+            ("fetch.wait.max.ms", "100"),
         ],
         "pipe consumer",
     )?;
     consumer.subscribe(&[&input])?;
-    let producer = producer(client.clone(), 1, Settled::default())?;
+    // Exactly the producer settings kstate's workers send with (acks=all, idempotence, lz4,
+    // its linger).
+    let producer: ThreadedProducer<Settled> = ProducerConfig::new(client.clone())
+        .client_config()
+        .create_with_context(Settled::default())
+        .context("pipe producer")?;
     let mut sent = 0u64;
     let mut offsets: BTreeMap<i32, i64> = BTreeMap::new();
+    // A commit taken but not yet sent: the records it waits for, and the offsets it commits.
+    let mut pending: Option<(u64, TopicPartitionList)> = None;
     let mut next_commit = Instant::now() + Duration::from_millis(100);
     let (mut seen, started) = (0u64, Instant::now());
     while seen < rows {
@@ -289,26 +303,36 @@ async fn pipe(client: &ClientProperties, flags: &Flags) -> Result<()> {
             offsets.insert(m.partition(), m.offset() + 1);
             seen += 1;
         }
-        if Instant::now() >= next_commit || seen == rows {
-            producer
-                .context()
-                .wait_for(sent, Duration::from_secs(60))
-                .context("pipe")?;
-            let mut tpl = TopicPartitionList::new();
-            for (p, o) in &offsets {
-                tpl.add_partition_offset(&input, *p, Offset::Offset(*o))?;
-            }
-            if tpl.count() > 0 {
-                consumer.commit(&tpl, CommitMode::Async)?;
-            }
+        if let Some((needed, _)) = &pending
+            && producer.context().settled()? >= *needed
+            && let Some((_, tpl)) = pending.take()
+        {
+            consumer.commit(&tpl, CommitMode::Async)?;
+        }
+        if pending.is_none() && Instant::now() >= next_commit {
+            pending = Some((sent, offset_list(&input, &offsets)?));
             next_commit = Instant::now() + Duration::from_millis(100);
         }
     }
+    producer
+        .context()
+        .wait_for(sent, Duration::from_secs(60))
+        .context("pipe")?;
+    consumer.commit(&offset_list(&input, &offsets)?, CommitMode::Sync)?;
     eprintln!(
         "pipe processed {rows} records in {} ms from start",
         started.elapsed().as_millis()
     );
     Ok(())
+}
+
+/// `offsets` (partition to next offset) of `topic`, as a commit takes them.
+fn offset_list(topic: &str, offsets: &BTreeMap<i32, i64>) -> Result<TopicPartitionList> {
+    let mut tpl = TopicPartitionList::new();
+    for (p, o) in offsets {
+        tpl.add_partition_offset(topic, *p, Offset::Offset(*o))?;
+    }
+    Ok(tpl)
 }
 
 /// A consumer outside any application's group, for reading outputs back: committed records

@@ -37,6 +37,13 @@
 //!   its Kafka changelog) in each durability mode. `async` commits when the overlay bound is
 //!   reached and at the end; `group` commits every 10 ms; `sync` waits for the broker's
 //!   acknowledgement of every put, so it writes at most 50,000 rows (`--sync-rows`).
+//! - `kafka-bare-producer`: no store, only the changelog's other half: a bare rdkafka producer
+//!   with exactly the settings of the producer a logged store sends through
+//!   ([`ProducerConfig::client_config`]: acks=all, idempotence, lz4, the same linger) sends the
+//!   same rows to a topic partition per thread; as for a logged store, the clock covers the send
+//!   calls and the wait for the broker's last acknowledgement is the flush. With
+//!   `rocksdb-bare-nowal` it brackets `logged-group`: a logged store can be no faster than
+//!   either of its parts alone.
 //!
 //! After the logged configurations, the `logged-group` changelog (a new topic per run, or the one
 //! `--restore-topic` names, which must not exist yet; partition 0 of the first thread count's
@@ -57,17 +64,19 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use kstate::kstate_core::{Batch, KeyValueStore};
 use kstate::kstate_kafka::{
-    ChangelogConfig, ClientProperties, Durability, LoggedStore, RESTORE_FETCH_SETTINGS,
+    ChangelogConfig, ClientProperties, Durability, LoggedStore, ProducerConfig,
+    RESTORE_FETCH_SETTINGS, RestoreClients,
 };
 use kstate::kstate_rocksdb::rocksdb::{self, ColumnFamilyDescriptor, DB, WriteOptions};
 use kstate::kstate_rocksdb::{
     Compression, METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore,
 };
-use kstate_bench::kafka::create_client;
+use kstate_bench::kafka::{Settled, create_client, send};
 use kstate_bench::latency::{Latency, LatencySummary};
 use kstate_bench::progress::Progress;
 use kstate_bench::report::write_json;
 use kstate_bench::workload::Rows;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
 const PROGRESS_EVERY: u64 = 100_000;
 
@@ -270,6 +279,58 @@ impl RowSink for BareRocks {
     }
 }
 
+/// A bare rdkafka producer with the settings of a logged store's producer: the changelog
+/// without the store.
+struct BareProducer {
+    producer: ThreadedProducer<Settled>,
+    topic: String,
+    partition: i32,
+    sent: u64,
+}
+
+impl BareProducer {
+    /// Creates `config`'s topic (one partition per thread, as the logged configurations have)
+    /// and a producer exactly like the one a store opened with `config` sends through.
+    fn open(config: &ChangelogConfig) -> Result<Self> {
+        RestoreClients::new(config)?.create_missing_topics(std::slice::from_ref(config))?;
+        let producer = ProducerConfig::from(config)
+            .client_config()
+            .create_with_context(Settled::default())
+            .context("bare producer")?;
+        Ok(BareProducer {
+            producer,
+            topic: config.topic().to_string(),
+            partition: config.partition(),
+            sent: 0,
+        })
+    }
+}
+
+impl RowSink for BareProducer {
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        let record = BaseRecord::to(&self.topic)
+            .partition(self.partition)
+            .key(key)
+            .payload(value);
+        send(&self.producer, record);
+        self.sent += 1;
+        Ok(())
+    }
+    fn put_batch(&mut self, rows: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        for (k, v) in rows {
+            self.put(k, v)?;
+        }
+        Ok(())
+    }
+    /// Waits for the broker's acknowledgement of every row, as a logged store's close does.
+    fn finish(&mut self) -> Result<()> {
+        Ok(self
+            .producer
+            .context()
+            .wait_for(self.sent, Duration::from_secs(120))?)
+    }
+}
+
 /// What configurations share within one run.
 struct RunContext {
     /// The cluster and its security, when there is one: every client of the run starts from
@@ -305,14 +366,8 @@ impl RunContext {
         }
     }
 
-    fn logged(
-        &self,
-        dir: &Path,
-        opts: &RocksDbOptions,
-        slot: Slot,
-        name: &str,
-        mode: Durability,
-    ) -> Result<Box<dyn RowSink>> {
+    /// The changelog of configuration `name`'s store in `slot`, in durability `mode`.
+    fn changelog(&self, slot: Slot, name: &str, mode: Durability) -> Result<ChangelogConfig> {
         let cluster = self.cluster.clone().context("no broker")?;
         let mut config = ChangelogConfig::new(
             cluster,
@@ -324,6 +379,18 @@ impl RunContext {
         if let Some(linger) = self.linger {
             config = config.linger(linger);
         }
+        Ok(config)
+    }
+
+    fn logged(
+        &self,
+        dir: &Path,
+        opts: &RocksDbOptions,
+        slot: Slot,
+        name: &str,
+        mode: Durability,
+    ) -> Result<Box<dyn RowSink>> {
+        let config = self.changelog(slot, name, mode)?;
         Ok(Box::new(StoreSink(LoggedStore::open(dir, opts, config)?)))
     }
 }
@@ -376,6 +443,16 @@ const CONFIGS: &[Config] = &[
         name: "logged-sync",
         needs_broker: true,
         open: |dir, opts, slot, cx| cx.logged(dir, opts, slot, "logged-sync", Durability::Sync),
+    },
+    Config {
+        name: "kafka-bare-producer",
+        needs_broker: true,
+        // The linger of `logged-group` (its durability mode sets the default).
+        open: |_, _, slot, cx| {
+            let mode = Durability::Group(Duration::from_millis(10));
+            let config = cx.changelog(slot, "kafka-bare-producer", mode)?;
+            Ok(Box::new(BareProducer::open(&config)?))
+        },
     },
 ];
 
@@ -553,7 +630,10 @@ fn run_config(
     })
     .with_context(|| config.name)?;
     drop(sinks);
-    std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+    // A configuration without a store (the bare producer) made no directory.
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+    }
     let mut latency = Latency::new();
     for outcome in &outcomes {
         latency.merge(&outcome.latency)?;
@@ -706,6 +786,19 @@ fn print_ratios(results: &[ConfigResult]) {
                 r.threads,
                 r.rows_per_sec / baseline
             );
+        }
+    }
+    // A logged store against each of its parts alone: the physical limits of its rate.
+    for r in results.iter().filter(|r| r.config.starts_with("logged-")) {
+        for part in ["rocksdb-bare-nowal", "kafka-bare-producer"] {
+            if let Some(limit) = rate(part, r.threads) {
+                println!(
+                    "limit config={} threads={} vs={part} x={:.2}",
+                    r.config,
+                    r.threads,
+                    r.rows_per_sec / limit
+                );
+            }
         }
     }
     let Some(first) = results.first().map(|r| r.threads) else {

@@ -241,6 +241,14 @@ impl ProducerContext for Settled {
 }
 
 impl Settled {
+    /// How many records are settled so far; an error once one failed.
+    pub fn settled(&self) -> Result<u64, BenchError> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(BenchError::Broker("a record was not delivered".into()));
+        }
+        Ok(self.count.load(Ordering::Acquire))
+    }
+
     /// Waits until `sent` records are settled; an error if one failed or `timeout` passed.
     pub fn wait_for(&self, sent: u64, timeout: Duration) -> Result<(), BenchError> {
         let deadline = Instant::now() + timeout;
