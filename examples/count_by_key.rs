@@ -7,7 +7,8 @@
 //! ```text
 //! cargo run --release --example count_by_key -- --application-id counter \
 //!     --input events --output counts [--bootstrap-servers HOST:PORT] [--state-dir PATH] \
-//!     [--threads N] [--commit-interval-ms N] [--guarantee at-least-once] [--coalesce]
+//!     [--threads N] [--restore-threads N] [--commit-interval-ms N] \
+//!     [--guarantee at-least-once] [--coalesce]
 //! ```
 //!
 //! `--client-properties FILE` reads librdkafka client properties (`key=value` lines:
@@ -49,6 +50,8 @@ struct Args {
     output: String,
     state_dir: PathBuf,
     threads: usize,
+    /// Restorer threads per worker; the runtime's default when not given.
+    restore_threads: Option<usize>,
     commit_interval: Duration,
     coalesce: bool,
     consumer_properties: Vec<(String, String)>,
@@ -57,7 +60,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC [--input TOPIC]... --output TOPIC \
-    [--bootstrap-servers HOST:PORT] [--client-properties FILE] [--state-dir PATH] [--threads N] [--commit-interval-ms N] \
+    [--bootstrap-servers HOST:PORT] [--client-properties FILE] [--state-dir PATH] [--threads N] [--restore-threads N] [--commit-interval-ms N] \
     [--guarantee at-least-once|exactly-once] [--instance-id NAME] [--coalesce] \
     [--consumer-property KEY=VALUE]...";
 
@@ -67,6 +70,7 @@ fn parse_args() -> Result<Args> {
     let (mut application_id, mut inputs, mut output) = (None, Vec::new(), None);
     let mut state_dir = None;
     let mut threads = 1;
+    let mut restore_threads = None;
     let mut commit_interval = Duration::from_millis(100);
     let mut coalesce = false;
     let mut consumer_properties = Vec::new();
@@ -95,6 +99,9 @@ fn parse_args() -> Result<Args> {
                 consumer_properties.push((key.to_string(), value.to_string()));
             }
             "--threads" => threads = value.parse().context("--threads")?,
+            "--restore-threads" => {
+                restore_threads = Some(value.parse().context("--restore-threads")?)
+            }
             "--commit-interval-ms" => {
                 commit_interval =
                     Duration::from_millis(value.parse().context("--commit-interval-ms")?)
@@ -123,6 +130,7 @@ fn parse_args() -> Result<Args> {
         },
         output: output.with_context(|| format!("--output is required; {USAGE}"))?,
         threads,
+        restore_threads,
         commit_interval,
         coalesce,
         consumer_properties,
@@ -179,6 +187,9 @@ async fn run(args: Args) -> Result<()> {
         .restore_listener(std::sync::Arc::new(PrintRestores));
     if let Some(id) = &args.instance_id {
         builder.instance_id(id.clone());
+    }
+    if let Some(n) = args.restore_threads {
+        builder.restore_threads(n);
     }
     for (key, value) in &args.consumer_properties {
         builder.consumer_property(key.clone(), value.clone());

@@ -51,7 +51,10 @@
 //!   with `isolation.level=read_committed` (aborted outputs of an exactly-once run do not count)
 //!   and is done with a partition when the consumer's position reaches the high watermark the
 //!   partition had at the start: on a transactional topic the commit markers take offsets, so
-//!   the last record's offset + 1 is below it.
+//!   the last record's offset + 1 is below it. A second line gives each output partition's
+//!   first and last append, in ms after the first output of all
+//!   (`e2e partitions output=T append_ms=<p>:<first>-<last>,...`): a task that starts late
+//!   stretches every system's window alike, and shows there.
 //! - `wait` returns once the output topic holds N records (everything processed): the sum of
 //!   its partitions' high - low watermarks, which on a transactional (exactly-once) output also
 //!   counts the commit markers and so comes too early there. With `--group G --input T` it also
@@ -384,6 +387,9 @@ fn measure(client: &ClientProperties, flags: &Flags) -> Result<()> {
     consumer.assign(&tpl)?;
     let (mut records, mut counts) = (0u64, HashMap::<Vec<u8>, u64>::new());
     let (mut first, mut last) = (i64::MAX, i64::MIN);
+    // Each partition's first and last append time: a task that starts late stretches the
+    // window of all of them.
+    let mut spans: BTreeMap<i32, (i64, i64)> = BTreeMap::new();
     // Outputs per 100 ms of append time, for the progress points.
     let mut per_tick: BTreeMap<i64, u64> = BTreeMap::new();
     // Done with a partition once the position (the next offset to read, past commit markers
@@ -425,6 +431,8 @@ fn measure(client: &ClientProperties, flags: &Flags) -> Result<()> {
         let m = message?;
         let appended = append_time(&m)?;
         (first, last) = (first.min(appended), last.max(appended));
+        let span = spans.entry(m.partition()).or_insert((appended, appended));
+        *span = (span.0.min(appended), span.1.max(appended));
         *per_tick.entry(appended / 100).or_default() += 1;
         records += 1;
         if let Some(n) = m
@@ -473,6 +481,16 @@ fn measure(client: &ClientProperties, flags: &Flags) -> Result<()> {
     println!(
         "e2e output={} outputs={} first_to_last_ms={} records_per_sec={:.0}",
         result.output, result.outputs, result.first_to_last_ms, result.records_per_sec
+    );
+    // Per partition, its first and last output's append time after the first output of all.
+    let spans: Vec<String> = spans
+        .iter()
+        .map(|(p, (a, b))| format!("{p}:{}-{}", a - first, b - first))
+        .collect();
+    println!(
+        "e2e partitions output={} append_ms={}",
+        result.output,
+        spans.join(",")
     );
     if let Some(path) = flags.optional("json") {
         write_json(path.as_ref(), &result)?;

@@ -52,7 +52,8 @@
 # compare.sh: its bootstrap.servers is the broker, and every client of both systems gets it),
 # KAFKA_BOOTSTRAP_SERVERS (else scripts/kafka start), FAILOVER_MODE (takeover |
 # restart), FAILOVER_ROWS (4000000), FAILOVER_KEY_BYTES (512), FAILOVER_PARTITIONS (8),
-# SESSION_TIMEOUT_MS (6000), HEARTBEAT_MS (500), FAILOVER_SYSTEMS (default "kafka-streams
+# SESSION_TIMEOUT_MS (6000), HEARTBEAT_MS (500), FAILOVER_RESTORE_THREADS (kstate's restorer
+# threads per worker; default: the runtime's, 2), FAILOVER_SYSTEMS (default "kafka-streams
 # kstate"; one of them prints no comparison), KS_JAVA_OPTS, KSTATE_BIN_DIR (default
 # $HOME/.cache/kstate-target/release/examples), KEEP_TOPICS=1, LOG_DIR (default a new temp dir,
 # kept; the state dirs under it are removed). Needs bash 5.1+ (`wait -n -p`) in restart mode.
@@ -132,8 +133,11 @@ start() {
             "${extra[@]}" "${CLIENT[@]}" > >(stamp >"$out") 2>&1 &
         ;;
     kstate)
+        if [[ -n ${FAILOVER_RESTORE_THREADS:-} ]]; then
+            extra+=(--restore-threads "$FAILOVER_RESTORE_THREADS")
+        fi
         if [[ $MODE == restart ]]; then
-            extra=(--guarantee exactly-once --instance-id "copy-$copy" --threads 1
+            extra+=(--guarantee exactly-once --instance-id "copy-$copy" --threads 1
                 --consumer-property "group.instance.id=copy-$copy")
         fi
         KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$COUNT_BIN" --application-id "$app" --input "$INPUT" \
