@@ -71,7 +71,7 @@ use kstate::kstate_rocksdb::rocksdb::{self, ColumnFamilyDescriptor, DB, WriteOpt
 use kstate::kstate_rocksdb::{
     Compression, METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore,
 };
-use kstate_bench::kafka::{Settled, create_client, send};
+use kstate_bench::kafka::{Settled, create_client, send, wait_for_leaders};
 use kstate_bench::latency::{Latency, LatencySummary};
 use kstate_bench::progress::Progress;
 use kstate_bench::report::write_json;
@@ -289,14 +289,17 @@ struct BareProducer {
 }
 
 impl BareProducer {
-    /// Creates `config`'s topic (one partition per thread, as the logged configurations have)
-    /// and a producer exactly like the one a store opened with `config` sends through.
-    fn open(config: &ChangelogConfig) -> Result<Self> {
+    /// Creates `config`'s topic of `partitions` partitions (one per thread, as the logged
+    /// configurations have) and a producer exactly like the one a store opened with `config`
+    /// sends through, and waits until it knows every partition's leader: a logged store's open
+    /// waits for its topic too, so neither clock holds the topic's creation.
+    fn open(config: &ChangelogConfig, partitions: i32) -> Result<Self> {
         RestoreClients::new(config)?.create_missing_topics(std::slice::from_ref(config))?;
-        let producer = ProducerConfig::from(config)
+        let producer: ThreadedProducer<Settled> = ProducerConfig::from(config)
             .client_config()
             .create_with_context(Settled::default())
             .context("bare producer")?;
+        wait_for_leaders(producer.client(), config.topic(), partitions)?;
         Ok(BareProducer {
             producer,
             topic: config.topic().to_string(),
@@ -451,7 +454,10 @@ const CONFIGS: &[Config] = &[
         open: |_, _, slot, cx| {
             let mode = Durability::Group(Duration::from_millis(10));
             let config = cx.changelog(slot, "kafka-bare-producer", mode)?;
-            Ok(Box::new(BareProducer::open(&config)?))
+            Ok(Box::new(BareProducer::open(
+                &config,
+                i32::try_from(slot.threads)?,
+            )?))
         },
     },
 ];

@@ -189,9 +189,20 @@ async fn a_graceful_handover_after_a_failed_offset_commit_repeats_no_record() ->
     })?;
     let again: u64 = b.tasks().iter().map(|t| t.processed).sum();
     let total = processed.load(Ordering::Acquire);
+    // What the workers said about their offset commits, for a failure to be read from.
+    let commit_story = log_lines(0, &["kstate_task", "commit"])
+        .into_iter()
+        .filter(|line| {
+            ["WARN", "committing and closing", "could not be fetched"]
+                .iter()
+                .any(|part| line.contains(part))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     assert_eq!(
         total, produced as u64,
-        "{produced} records were processed {total} times over a graceful hand-over ({again} by B)"
+        "{produced} records were processed {total} times over a graceful hand-over ({again} by B); \
+         the workers' commit warnings:\n{commit_story}"
     );
     assert_eq!(again, 0, "B processed records A had processed");
     b.shutdown();

@@ -78,7 +78,7 @@ const TOPIC_PROPAGATION_LIMIT: Duration = Duration::from_secs(30);
 /// with `UnknownPartition`). This is the wait Kafka's own test harness does after creating a
 /// topic (`TestUtils.createTopic`). It blocks the calling thread (this crate has no async
 /// runtime); a failed metadata request is retried until the limit.
-fn wait_for_leaders<C: rdkafka::client::ClientContext>(
+pub fn wait_for_leaders<C: rdkafka::client::ClientContext>(
     client: &rdkafka::client::Client<C>,
     topic: &str,
     partitions: i32,

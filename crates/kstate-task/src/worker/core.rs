@@ -35,6 +35,9 @@ const MAX_RESTORES: u32 = 3;
 /// How often the last offset commit is looked for in the group's offsets.
 pub(crate) const CONFIRM_RETRY: Duration = Duration::from_millis(50);
 
+/// The longest one look at the group's offsets may take before the commit is sent again.
+const CONFIRM_QUERY: Duration = Duration::from_secs(2);
+
 /// Kafka Streams' dead-letter headers (KIP-1034), so that tools made for its dead-letter
 /// queues read ours; and the task, which it does not name.
 const DEAD_LETTER_EXCEPTION: &str = "__streams.errors.exception";
@@ -848,35 +851,39 @@ impl Core {
         };
         let partitions: Vec<InputPartition> = sent.iter().map(|(p, _)| p.clone()).collect();
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match input.committed(&partitions, left.max(Duration::from_millis(1))) {
-                Ok(held)
-                    if sent
-                        .iter()
-                        .all(|(p, o)| held.get(p).is_some_and(|h| h >= o)) =>
-                {
-                    return true;
-                }
-                Ok(_) => {
-                    tracing::warn!(
-                        worker = self.index,
-                        "the group does not hold the last offset commit; it is sent again"
-                    );
-                    let mut tpl = TopicPartitionList::new();
-                    for (p, offset) in &sent {
-                        let _ = tpl.add_partition_offset(
-                            &p.topic,
-                            p.partition,
-                            Offset::Offset(*offset),
-                        );
-                    }
-                    if let Err(e) = input.commit(&tpl, CommitMode::Async) {
-                        tracing::warn!(worker = self.index, error = %e, "sending the last offset commit again failed");
-                    }
-                }
+            // Each question is bounded on its own: after a broker pause one offset fetch was
+            // seen to hang for the whole revocation timeout while the commit never reached the
+            // group (tests/graceful_handover_after_failed_commit.rs).
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(CONFIRM_QUERY);
+            let held = match input.committed(&partitions, left.max(Duration::from_millis(1))) {
+                Ok(held) => Some(held),
                 Err(e) => {
                     tracing::debug!(worker = self.index, error = %e, "the committed offsets could not be fetched");
+                    None
                 }
+            };
+            if held.as_ref().is_some_and(|held| {
+                sent.iter()
+                    .all(|(p, o)| held.get(p).is_some_and(|h| h >= o))
+            }) {
+                return true;
+            }
+            // Not held, or not known: sent again (a commit of offsets the group holds already
+            // changes nothing).
+            if held.is_some() {
+                tracing::warn!(
+                    worker = self.index,
+                    "the group does not hold the last offset commit; it is sent again"
+                );
+            }
+            let mut tpl = TopicPartitionList::new();
+            for (p, offset) in &sent {
+                let _ = tpl.add_partition_offset(&p.topic, p.partition, Offset::Offset(*offset));
+            }
+            if let Err(e) = input.commit(&tpl, CommitMode::Async) {
+                tracing::warn!(worker = self.index, error = %e, "sending the last offset commit again failed");
             }
             if Instant::now() + CONFIRM_RETRY >= deadline {
                 self.unconfirmed = Some(sent);
