@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::error::ChangelogError;
 use kstate_core::sync::lock;
+
+use crate::error::ChangelogError;
 
 /// Whether RocksDB writes files of this name into a database directory.
 fn is_rocksdb_file(name: &str) -> bool {

@@ -850,6 +850,11 @@ impl Core {
             return true;
         };
         let partitions: Vec<InputPartition> = sent.iter().map(|(p, _)| p.clone()).collect();
+        // The commit, as it is sent again.
+        let mut again = TopicPartitionList::new();
+        for (p, offset) in &sent {
+            let _ = again.add_partition_offset(&p.topic, p.partition, Offset::Offset(*offset));
+        }
         loop {
             // Each question is bounded on its own: after a broker pause one offset fetch was
             // seen to hang for the whole revocation timeout while the commit never reached the
@@ -878,11 +883,7 @@ impl Core {
                     "the group does not hold the last offset commit; it is sent again"
                 );
             }
-            let mut tpl = TopicPartitionList::new();
-            for (p, offset) in &sent {
-                let _ = tpl.add_partition_offset(&p.topic, p.partition, Offset::Offset(*offset));
-            }
-            if let Err(e) = input.commit(&tpl, CommitMode::Async) {
+            if let Err(e) = input.commit(&again, CommitMode::Async) {
                 tracing::warn!(worker = self.index, error = %e, "sending the last offset commit again failed");
             }
             if Instant::now() + CONFIRM_RETRY >= deadline {
