@@ -1,7 +1,9 @@
 //! A task's stores in one RocksDB, against a real broker: a store the older
 //! one-directory-per-store layout left is moved into its task's RocksDB with its data and its
-//! position (nothing replayed, nothing lost), and a rebuild of one store of a task (records
-//! deleted below its position) wipes that store alone.
+//! position (nothing replayed, nothing lost); a task's RocksDB of its own (the layout before the
+//! shared one) is moved into the RocksDB a process's tasks share the same way, and kept while it
+//! holds a store the application no longer declares; and a rebuild of one store of a task
+//! (records deleted below its position) wipes that store alone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
@@ -11,8 +13,9 @@ use anyhow::{Context, Result, ensure};
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{
     ChangelogConfig, Durability, LoggedStore, OpenHooks, RestoredStore, StoreLocation,
+    move_task_directory,
 };
-use kstate::kstate_rocksdb::{RocksDbOptions, TaskDb};
+use kstate::kstate_rocksdb::{RocksDbOptions, SharedDb, TaskDb};
 use kstate_test_broker::{bootstrap_servers, unique_topic};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions};
@@ -163,5 +166,95 @@ async fn a_rebuild_of_one_store_of_a_task_leaves_its_other_stores_alone() -> Res
     let position = kstate::kstate_kafka::ChangelogPosition::read(&totals_store)?
         .context("totals kept its position")?;
     ensure!(position.offset == 99, "{position:?}");
+    Ok(())
+}
+
+#[test]
+fn a_tasks_own_rocksdb_moves_into_the_shared_one_with_its_positions() -> Result<()> {
+    let (counts, totals, other_counts, gone) = (
+        unique_topic("move-counts"),
+        unique_topic("move-totals"),
+        unique_topic("move-counts-1"),
+        unique_topic("move-gone"),
+    );
+    let dir = tempfile::tempdir()?;
+    let (first, second) = (dir.path().join("0"), dir.path().join("1"));
+    // What kstate wrote before: <app>/<p>, a RocksDB per task. Task 1 also holds a store the
+    // application no longer declares.
+    for (task, stores) in [
+        (
+            &first,
+            vec![("counts", &counts, 120), ("totals", &totals, 30)],
+        ),
+        (
+            &second,
+            vec![("counts", &other_counts, 10), ("gone", &gone, 5)],
+        ),
+    ] {
+        let names: Vec<&str> = stores.iter().map(|(name, _, _)| *name).collect();
+        let db = TaskDb::open(task, &names, &RocksDbOptions::default())?;
+        for (name, topic, n) in stores {
+            let store = LoggedStore::open(
+                in_task(&db, name),
+                &RocksDbOptions::default(),
+                config(topic)?,
+            )?;
+            common::write_keys(&store, 0..n)?;
+            store.close()?;
+        }
+    }
+    let shared = SharedDb::open(
+        dir.path().join("rocksdb"),
+        &["counts", "totals"],
+        &RocksDbOptions::default(),
+    )?;
+    let task = shared.task(0, &first)?;
+    move_task_directory(&task, &RocksDbOptions::default())?;
+    ensure!(!first.exists(), "the task's old RocksDB is still there");
+    for (name, topic, n) in [("counts", &counts, 120), ("totals", &totals, 30)] {
+        let restored = RestoredStore::restore(
+            in_task(&task, name),
+            &RocksDbOptions::default(),
+            config(topic)?,
+            &OpenHooks::default(),
+        )?;
+        let report = restored.report().clone();
+        ensure!(
+            report.start.rebuild_reason.is_none() && report.records == 0,
+            "store {name} was replayed instead of moved: {report:?}"
+        );
+        ensure!(
+            report.start.start_offset == n as i64,
+            "store {name} resumed at {} instead of after its position {}",
+            report.start.start_offset,
+            n - 1
+        );
+        restored.close()?;
+        let want: Vec<String> = (0..n).map(|i| format!("key-{i:04}")).collect();
+        ensure!(
+            keys(&task.store(name)?)? == want,
+            "store {name} lost entries in the move"
+        );
+    }
+    ensure!(shared.tasks()? == vec![0], "only task 0 was moved yet");
+
+    // Task 1's declared store moves; the directory stays, holding the undeclared one.
+    let task = shared.task(1, &second)?;
+    move_task_directory(&task, &RocksDbOptions::default())?;
+    ensure!(
+        keys(&task.store("counts")?)?.len() == 10,
+        "task 1's counts did not move"
+    );
+    ensure!(
+        second.join("CURRENT").is_file(),
+        "a RocksDB holding an undeclared store was deleted"
+    );
+    move_task_directory(&task, &RocksDbOptions::default())?;
+    drop(task);
+    let left = TaskDb::open_existing(&second, &RocksDbOptions::default())?;
+    ensure!(
+        keys(&left.store("gone")?)?.len() == 5,
+        "the undeclared store lost entries"
+    );
     Ok(())
 }

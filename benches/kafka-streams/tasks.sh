@@ -24,13 +24,13 @@
 #   tasks-threads n=<N> start=<fresh|restart> kafka-streams=<n> kstate=<n>
 #   tasks-fds n=<N> start=<fresh|restart> kafka-streams=<n> kstate=<n>
 #   tasks-rocksdb n=<N> start=<fresh|restart> kafka-streams=<n> kstate=<n>
-# (kstate keeps one RocksDB per task, its stores column families; Kafka Streams one per store per
-# task.) The time until every record was processed is in the raw outputs (processed_s); it is
+# (kstate keeps one RocksDB for every task of the process, a column family per store and a key
+# prefix per task; Kafka Streams one per store per task.) The time until every record was processed is in the raw outputs (processed_s); it is
 # not compared, as Kafka Streams commits every 30 s by default under at_least_once and kstate
 # every 100 ms (KS_COMMIT_INTERVAL_MS sets Kafka Streams').
 #
-# A process holding many tasks needs many file descriptors (kstate: about 10 per task of 3
-# stores; Kafka Streams: several per RocksDB, i.e. per store and task): check `ulimit -n` before
+# A process holding many tasks needs many file descriptors (Kafka Streams: several per RocksDB,
+# i.e. per store and task; kstate's do not grow with the tasks): check `ulimit -n` before
 # N=1000. The script prints it.
 #
 # Environment:

@@ -1,19 +1,53 @@
-//! Opening a store for the operator. A path names either a directory holding one store (the
-//! layout kstate wrote first), or `<task directory>/<store>`: a store of a task's RocksDB, at
-//! the path where the older layout kept it. The tool never creates a RocksDB where the user
-//! mistyped a path, and RocksDB's own lock refuses a directory a running application holds.
+//! Opening a store for the operator. A path names a directory holding one store (the layout
+//! kstate wrote first), or `<task directory>/<store>`: a store of a task, at the path where the
+//! older layout kept it. The task's stores are in the RocksDB the application's tasks share
+//! (`<state-dir>/<app-id>/rocksdb`, beside the task directories `<state-dir>/<app-id>/<p>`), or
+//! in a RocksDB of the task's own at the task directory (the layout before). The tool never
+//! creates a RocksDB where the user mistyped a path, and RocksDB's own lock refuses a directory
+//! a running application holds.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use kstate_kafka::{ChangelogPosition, StoreLocation};
-use kstate_rocksdb::{Layout, OpenError, RocksDbOptions, RocksDbStore, TaskDb};
+use kstate_rocksdb::{Layout, OpenError, RocksDbOptions, RocksDbStore, SharedDb, TaskDb};
 
-/// The task directory and store name `dir` names, when `dir` is `<task directory>/<store>`.
+/// The task directory and store name `dir` names, when `dir` is `<task directory>/<store>` and
+/// the task directory is a RocksDB of its own.
 fn in_task(dir: &Path) -> Option<(&Path, &str)> {
     let task = dir.parent()?;
     let name = dir.file_name()?.to_str()?;
     (task.join("CURRENT").is_file() && !dir.exists()).then_some((task, name))
+}
+
+/// A store of a task in the RocksDB its application's tasks share.
+struct InShared<'a> {
+    /// `<state-dir>/<app-id>/rocksdb`.
+    rocksdb: PathBuf,
+    task: u32,
+    task_dir: &'a Path,
+    name: &'a str,
+}
+
+impl InShared<'_> {
+    fn task_db(&self, shared: &SharedDb) -> Result<TaskDb> {
+        Ok(shared.task(self.task, self.task_dir)?)
+    }
+}
+
+/// What `dir` names when it is `<state-dir>/<app-id>/<p>/<store>` and
+/// `<state-dir>/<app-id>/rocksdb` is a RocksDB.
+fn in_shared(dir: &Path) -> Option<InShared<'_>> {
+    let task_dir = dir.parent()?;
+    let name = dir.file_name()?.to_str()?;
+    let task = task_dir.file_name()?.to_str()?.parse().ok()?;
+    let rocksdb = task_dir.parent()?.join("rocksdb");
+    (rocksdb.join("CURRENT").is_file() && !dir.exists()).then_some(InShared {
+        rocksdb,
+        task,
+        task_dir,
+        name,
+    })
 }
 
 /// Opens the existing store at `dir`.
@@ -22,6 +56,11 @@ pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
         let db = TaskDb::open_existing(task, &RocksDbOptions::default())
             .with_context(|| format!("opening the task's RocksDB at {}", task.display()))?;
         return Ok(db.store(name)?);
+    }
+    if let Some(at) = in_shared(dir) {
+        let shared = SharedDb::open_existing(&at.rocksdb, &RocksDbOptions::default())
+            .with_context(|| format!("opening the tasks' RocksDB at {}", at.rocksdb.display()))?;
+        return Ok(at.task_db(&shared)?.store(at.name)?);
     }
     if !dir.join("CURRENT").is_file() {
         bail!(
@@ -45,6 +84,17 @@ pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
                 dir.display()
             )
         }
+        Err(OpenError::WrongLayout {
+            found: Layout::Shared,
+            ..
+        }) => {
+            let app = dir.parent().unwrap_or(dir);
+            bail!(
+                "{} holds the stores of an application's tasks: name one as {}/<partition>/<store>",
+                dir.display(),
+                app.display()
+            )
+        }
         result => result.with_context(|| format!("opening the store at {}", dir.display())),
     }
 }
@@ -52,6 +102,16 @@ pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
 /// Where the store at `dir` is, for commands that may create it (`restore`, `reseed`): in its
 /// task's RocksDB when `dir` is `<task directory>/<store>`, else a directory of its own.
 pub(crate) fn location(dir: &Path) -> Result<StoreLocation> {
+    if in_task(dir).is_none()
+        && let Some(at) = in_shared(dir)
+    {
+        let shared = SharedDb::open(&at.rocksdb, &[at.name], &RocksDbOptions::default())
+            .with_context(|| format!("opening the tasks' RocksDB at {}", at.rocksdb.display()))?;
+        return Ok(StoreLocation::InTask {
+            db: at.task_db(&shared)?,
+            name: at.name.to_string(),
+        });
+    }
     match in_task(dir) {
         Some((task, name)) => {
             let db = TaskDb::open(task, &[name], &RocksDbOptions::default())
@@ -78,13 +138,12 @@ pub(crate) fn position(store: &RocksDbStore, dir: &Path) -> Result<ChangelogPosi
 }
 
 /// The bytes the store at `dir` takes on disk: every file of its directory, or, for a store of
-/// a task's RocksDB, its SST files (RocksDB's `rocksdb.total-sst-files-size`).
+/// a task, its SST files ([`RocksDbStore::sst_bytes`]).
 pub(crate) fn disk_bytes(store: &RocksDbStore, dir: &Path) -> Result<u64> {
     if dir.is_dir() {
         return directory_bytes(dir);
     }
-    let size = store.property("rocksdb.total-sst-files-size")?;
-    Ok(size.and_then(|s| s.trim().parse().ok()).unwrap_or(0))
+    Ok(store.sst_bytes()?)
 }
 
 /// The bytes of every file under `dir`.

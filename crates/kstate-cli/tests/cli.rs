@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use kstate_core::KeyValueStore;
 use kstate_kafka::{ChangelogConfig, ClientProperties, LoggedStore, StoreLocation};
-use kstate_rocksdb::{RocksDbOptions, RocksDbStore, TaskDb};
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore, SharedDb, TaskDb};
 use serde_json::Value;
 
 fn kstate(args: &[&str]) -> Result<Output> {
@@ -424,6 +424,57 @@ fn a_store_of_a_tasks_rocksdb_is_inspected_and_verified_by_its_old_path() -> Res
             && text(&missing.stderr).contains("holds no store \"nope\""),
         "{}",
         text(&missing.stderr)
+    );
+    Ok(())
+}
+
+/// A store of a task in the RocksDB its application's tasks share
+/// (`<app>/rocksdb`) is named `<app>/<p>/<store>` too, and that RocksDB itself is refused with
+/// the form to use.
+#[test]
+fn a_store_of_a_task_in_the_shared_rocksdb_is_inspected_and_verified_by_its_task_path() -> Result<()>
+{
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let topic = kstate_test_broker::unique_topic("cli-shared");
+    let tmp = tempfile::tempdir()?;
+    let app = tmp.path().join("app");
+    {
+        let shared = SharedDb::open(app.join("rocksdb"), &["counts"], &RocksDbOptions::default())?;
+        let other = kstate_test_broker::unique_topic("cli-shared-4");
+        for (task, n, topic) in [(3u32, 7, &topic), (4, 2, &other)] {
+            let location = StoreLocation::InTask {
+                db: shared.task(task, app.join(task.to_string()))?,
+                name: "counts".into(),
+            };
+            let store = LoggedStore::open(
+                location,
+                &RocksDbOptions::default(),
+                config(&servers, topic),
+            )?;
+            for i in 0..n {
+                store.put(format!("key-{i}").as_bytes(), b"v")?;
+            }
+            store.close()?;
+        }
+    }
+    let counts = app.join("3").join("counts");
+    let c = counts.to_str().context("path")?;
+    let inspected: Value = serde_json::from_str(&expect(
+        0,
+        &["inspect", c, "--bootstrap-servers", &servers, "--json"],
+    )?)?;
+    ensure!(
+        inspected["topic"] == topic.as_str()
+            && inspected["offset"] == 6
+            && inspected["approximate_keys"] == 7,
+        "{inspected}"
+    );
+    expect(0, &["verify", c, "--bootstrap-servers", &servers])?;
+    let out = kstate(&["inspect", app.join("rocksdb").to_str().context("path")?])?;
+    let err = text(&out.stderr);
+    ensure!(
+        out.status.code() == Some(3) && err.contains("<partition>/<store>"),
+        "{err}"
     );
     Ok(())
 }

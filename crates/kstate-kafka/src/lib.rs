@@ -52,5 +52,5 @@ pub use producer::SharedProducer;
 pub use restore::{
     BatchRestored, CancelToken, OpenHooks, PREFETCHED_END_TTL, RESTORE_FETCH_SETTINGS, RecordCheck,
     RestoreClients, RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation,
-    follow_changelog,
+    follow_changelog, move_task_directory,
 };

@@ -286,6 +286,13 @@ impl LoggedStore {
         self.shared.flush_interval
     }
 
+    /// When the RocksDB under this store last completed a flush, whichever of its stores asked
+    /// for it (a flush covers every store of a RocksDB): what an owner flushing on
+    /// [`flush_interval`](Self::flush_interval) compares with.
+    pub fn flushed_at(&self) -> std::time::Instant {
+        self.shared.store.flushed_at()
+    }
+
     /// What the restore at open did.
     pub fn restore_report(&self) -> &RestoreReport {
         &self.restore

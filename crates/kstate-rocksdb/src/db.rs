@@ -1,7 +1,7 @@
 //! One open RocksDB and what every store handle on it shares: the column families, the options
 //! SST files for ingestion are written with, and the layout it was written in.
 //!
-//! Two layouts exist, told apart by a record in the metadata column family
+//! Three layouts exist, told apart by a record in the metadata column family
 //! ([`LAYOUT_KEY`]):
 //! - **store** (no record; what kstate wrote first): the directory holds one store, its data in
 //!   the `default` column family, its metadata unprefixed.
@@ -10,12 +10,19 @@
 //!   atomic flush covers every store of the task, so whatever a crash leaves is one consistent
 //!   point of all of them, and the task pays for one RocksDB (its `LOCK`, `MANIFEST`, log file
 //!   and directory handle) instead of one per store.
+//! - **shared** ([`Layout::Shared`]): the directory holds the stores of many tasks
+//!   ([`crate::SharedDb`]): column family `store.<name>` holds store `name` of every task, each
+//!   task's keys under a 4-byte prefix (its number, big-endian), each task's metadata under
+//!   `T‖<task>‖store.<name>/`. A process pays for one RocksDB however many tasks it runs.
 //!
 //! Opening a directory in the other layout's API is a typed error ([`OpenError::WrongLayout`]),
 //! never a silent reinterpretation.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use rocksdb::{ColumnFamilyDescriptor, DB, Options};
 
@@ -31,6 +38,9 @@ pub(crate) const LAYOUT_KEY: &[u8] = b"kstate.layout.version";
 /// The layout version of a task's RocksDB.
 pub(crate) const TASK_LAYOUT_VERSION: u32 = 2;
 
+/// The layout version of a RocksDB shared by many tasks.
+pub(crate) const SHARED_LAYOUT_VERSION: u32 = 3;
+
 /// How a directory's stores are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
@@ -38,6 +48,19 @@ pub enum Layout {
     Store,
     /// The stores of one task, one column family each.
     Task,
+    /// The stores of many tasks: a column family per store name, a key prefix per task.
+    Shared,
+}
+
+impl Layout {
+    /// The version its layout record holds (`None`: it has no record).
+    fn version(self) -> Option<u32> {
+        match self {
+            Layout::Store => None,
+            Layout::Task => Some(TASK_LAYOUT_VERSION),
+            Layout::Shared => Some(SHARED_LAYOUT_VERSION),
+        }
+    }
 }
 
 impl std::fmt::Display for Layout {
@@ -45,6 +68,7 @@ impl std::fmt::Display for Layout {
         f.write_str(match self {
             Layout::Store => "one store per directory",
             Layout::Task => "a task's stores, one column family each",
+            Layout::Shared => "the stores of many tasks, a key prefix per task",
         })
     }
 }
@@ -92,6 +116,9 @@ fn remove_leftover_ingest_files(path: &Path) {
     }
 }
 
+/// A store of a RocksDB: its column family and its key prefix.
+type StoreKey = (String, Vec<u8>);
+
 /// An open RocksDB, shared by the handles of its stores; closed when the last one drops.
 pub(crate) struct Db {
     pub(crate) db: DB,
@@ -102,6 +129,16 @@ pub(crate) struct Db {
     pub(crate) sst_options: Options,
     /// Numbers `ingest_sorted`'s files.
     pub(crate) ingested: AtomicU64,
+    /// Flushes started: the next one is number `flushes` ([`Db::flush_all`]).
+    flushes: AtomicU64,
+    /// One more than the number of the latest flush that completed (0: none yet). A write that
+    /// completed when `flushes` was `n` is durable once `flushed > n`.
+    flushed: AtomicU64,
+    /// When the latest flush completed (or the RocksDB opened).
+    flushed_at: Mutex<Instant>,
+    /// Each store's latest [`Db::write_mark`], by column family and key prefix: shared by all
+    /// the handles of one store.
+    marks: Mutex<HashMap<StoreKey, Arc<AtomicU64>>>,
 }
 
 impl Db {
@@ -147,6 +184,7 @@ impl Db {
         // are made before the record is written and flushed), a single store, or nothing yet.
         let found = match read_layout(&db, &path)? {
             Some(found) => found,
+            None if had_store_families && layout != Layout::Store => layout,
             None if had_store_families => Layout::Task,
             None if existed
                 && (has_any(&db, rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
@@ -163,8 +201,8 @@ impl Db {
                 wanted: layout,
             });
         }
-        if layout == Layout::Task {
-            write_layout(&db, &path)?;
+        if let Some(version) = layout.version() {
+            write_layout(&db, &path, version)?;
         }
         remove_leftover_ingest_files(&path);
         tracing::debug!(path = %path.display(), %layout, "opened RocksDB (WAL disabled)");
@@ -175,7 +213,52 @@ impl Db {
             families,
             sst_options: options.to_rocksdb_for_ingestion(),
             ingested: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
+            flushed_at: Mutex::new(Instant::now()),
+            marks: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The write mark of the store in column family `cf` under key prefix `prefix`.
+    pub(crate) fn store_mark(&self, cf: &str, prefix: &[u8]) -> Arc<AtomicU64> {
+        kstate_core::sync::lock(&self.marks)
+            .entry((cf.to_string(), prefix.to_vec()))
+            .or_default()
+            .clone()
+    }
+
+    /// What a write that just completed records ([`Db::is_durable`] takes it): the number the
+    /// next flush will have, plus one.
+    pub(crate) fn write_mark(&self) -> u64 {
+        self.flushes.load(Ordering::SeqCst) + 1
+    }
+
+    /// Whether every write that recorded `mark` (0: none) is in a completed flush: a flush that
+    /// started after the write completed has completed since.
+    pub(crate) fn is_durable(&self, mark: u64) -> bool {
+        mark == 0 || self.flushed.load(Ordering::SeqCst) >= mark
+    }
+
+    /// When the latest flush completed (or the RocksDB opened).
+    pub(crate) fn flushed_at(&self) -> Instant {
+        *kstate_core::sync::lock(&self.flushed_at)
+    }
+
+    /// Flushes every column family at once (atomic flush) and waits for it.
+    pub(crate) fn flush_all(&self) -> Result<(), rocksdb::Error> {
+        let number = self.flushes.fetch_add(1, Ordering::SeqCst);
+        let families: Vec<&rocksdb::ColumnFamily> = self
+            .families
+            .iter()
+            .filter_map(|f| self.db.cf_handle(f))
+            .collect();
+        let mut opts = rocksdb::FlushOptions::default();
+        opts.set_wait(true);
+        self.db.flush_cfs_opt(&families, &opts)?;
+        self.flushed.fetch_max(number + 1, Ordering::SeqCst);
+        *kstate_core::sync::lock(&self.flushed_at) = Instant::now();
+        Ok(())
     }
 }
 
@@ -202,18 +285,20 @@ fn read_layout(db: &DB, path: &Path) -> Result<Option<Layout>, OpenError> {
     match value {
         None => Ok(None),
         Some(v) if v == TASK_LAYOUT_VERSION.to_be_bytes() => Ok(Some(Layout::Task)),
+        Some(v) if v == SHARED_LAYOUT_VERSION.to_be_bytes() => Ok(Some(Layout::Shared)),
         Some(v) => Err(OpenError::Layout {
             path: path.to_path_buf(),
             message: format!(
-                "layout version {} (this kstate knows {TASK_LAYOUT_VERSION}): written by a newer kstate?",
+                "layout version {} (this kstate knows {TASK_LAYOUT_VERSION} and \
+                 {SHARED_LAYOUT_VERSION}): written by a newer kstate?",
                 kstate_core::HexBytes(&v)
             ),
         }),
     }
 }
 
-/// Marks a task's RocksDB as such, durably, before any store writes to it.
-fn write_layout(db: &DB, path: &Path) -> Result<(), OpenError> {
+/// Marks a RocksDB with its layout `version`, durably, before any store writes to it.
+fn write_layout(db: &DB, path: &Path, version: u32) -> Result<(), OpenError> {
     let failed = |e| OpenError::from_rocks(path.to_path_buf(), e);
     let meta = meta(db, path)?;
     if db.get_cf(meta, LAYOUT_KEY).map_err(failed)?.is_some() {
@@ -222,7 +307,7 @@ fn write_layout(db: &DB, path: &Path) -> Result<(), OpenError> {
     db.put_cf_opt(
         meta,
         LAYOUT_KEY,
-        TASK_LAYOUT_VERSION.to_be_bytes(),
+        version.to_be_bytes(),
         &crate::store::wal_free_write_options(),
     )
     .map_err(failed)?;

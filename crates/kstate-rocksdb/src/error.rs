@@ -23,6 +23,16 @@ pub enum OpenError {
         source: rocksdb::Error,
     },
 
+    /// A task of a shared RocksDB is still open in this process (a task moving between two
+    /// workers is still closing in the one it left).
+    #[error("task {task} of the RocksDB at {path} is already open in this process")]
+    TaskHeld {
+        /// The shared RocksDB's directory.
+        path: PathBuf,
+        /// The task.
+        task: u32,
+    },
+
     /// The path exists and is not a directory.
     #[error("cannot open store at {path}: the path exists and is not a directory")]
     NotADirectory {

@@ -7,6 +7,7 @@
 //!
 //! - [`RocksDbStore`]: the store; every write disables the WAL ([`wal_free_write_options`]).
 //! - [`TaskDb`]: one RocksDB for a stream task's stores, a column family each, flushed together.
+//! - [`SharedDb`]: one RocksDB for the stores of every task of a process, a key prefix per task.
 //! - [`RocksDbOptions`]: defaults chosen by measurement, and a builder to tune them.
 //! - [`MemoryBudget`]: one block cache and one write-buffer manager shared by many stores.
 //! - a metadata column family, flushed atomically with the data, for the changelog position.
@@ -28,6 +29,7 @@
 mod db;
 mod error;
 mod options;
+mod shared_db;
 mod store;
 mod task_db;
 
@@ -36,5 +38,6 @@ pub use error::OpenError;
 pub use options::{Compression, MemoryBudget, RocksDbOptions};
 /// The `rocksdb` crate this one is built on, for benchmarks that compare against it.
 pub use rocksdb;
+pub use shared_db::SharedDb;
 pub use store::{RocksDbStore, wal_free_write_options};
 pub use task_db::TaskDb;

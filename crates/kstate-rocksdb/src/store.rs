@@ -21,9 +21,17 @@
 //!
 //! # Layout
 //! A store's data lives in one column family (`default` in a directory of its own,
-//! `store.<name>` in a task's RocksDB: see [`crate::TaskDb`]); the `kstate_meta` column family
-//! holds small metadata records (the changelog position) written atomically with data through
+//! `store.<name>` in a task's RocksDB: see [`crate::TaskDb`]; in a RocksDB many tasks share,
+//! [`crate::SharedDb`], under its task's key prefix); the `kstate_meta` column family holds
+//! small metadata records (the changelog position) written atomically with data through
 //! [`RocksDbStore::write_with_metadata`], under a per-store prefix in a task's RocksDB.
+//!
+//! # Flushes a shared RocksDB does once
+//! A flush covers every store of the RocksDB, so a store whose every write is already in a
+//! completed flush does not flush again ([`flush`](KeyValueStore::flush) returns at once): when
+//! a thousand tasks of one RocksDB close, the first flush makes them all durable, and the rest
+//! cost nothing. [`RocksDbStore::flushed_at`] tells a caller with a flush interval when the
+//! RocksDB last flushed, whichever store asked.
 //!
 //! [`RocksDbStore::ingest_sorted`] writes its SST file into the RocksDB directory as
 //! `kstate-ingest-<n>.sst` and has RocksDB move it in. A process killed between the two leaves
@@ -31,12 +39,14 @@
 //! RocksDB deletes such files, with a warning. It does so only once it holds the directory's
 //! lock, so no other store can be writing one there.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use kstate_core::{Batch, EntryIter, Error, KeyRange, KeyValueStore, Order, Result};
-use rocksdb::{FlushOptions, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
 use crate::db::{Db, INGEST_PREFIX, INGEST_SUFFIX, Layout, METADATA_CF};
 use crate::error::OpenError;
@@ -57,11 +67,18 @@ pub struct RocksDbStore {
     db: Arc<Db>,
     /// The column family of the data.
     cf: String,
+    /// Prepended to this store's keys: its task's, in a RocksDB many tasks share (else empty).
+    key_prefix: Vec<u8>,
     /// Prepended to this store's metadata keys (empty in a directory of its own).
     meta_prefix: Vec<u8>,
     name: String,
     write_opts: WriteOptions,
     closed: AtomicBool,
+    /// [`Db::write_mark`] after this store's latest write through any of its handles (0: none
+    /// since the RocksDB opened).
+    written: Arc<AtomicU64>,
+    /// Keeps its task open in a shared RocksDB while this handle lives.
+    _lease: Option<Arc<crate::shared_db::Lease>>,
 }
 
 impl std::fmt::Debug for RocksDbStore {
@@ -85,21 +102,70 @@ impl RocksDbStore {
         Ok(Self::on(
             Arc::new(db),
             rocksdb::DEFAULT_COLUMN_FAMILY_NAME.to_string(),
-            Vec::new(),
+            Prefixes::default(),
             name,
         ))
     }
 
-    /// A handle on column family `cf` of `db`.
-    pub(crate) fn on(db: Arc<Db>, cf: String, meta_prefix: Vec<u8>, name: String) -> Self {
+    /// A handle on column family `cf` of `db`, its keys and metadata under `prefixes`.
+    pub(crate) fn on(db: Arc<Db>, cf: String, prefixes: Prefixes, name: String) -> Self {
+        let written = db.store_mark(&cf, &prefixes.keys);
         RocksDbStore {
+            written,
             db,
             cf,
-            meta_prefix,
+            key_prefix: prefixes.keys,
+            meta_prefix: prefixes.metadata,
             name,
             write_opts: wal_free_write_options(),
             closed: AtomicBool::new(false),
+            _lease: prefixes.lease,
         }
+    }
+
+    /// When the RocksDB this store is in last completed a flush (or opened): a flush of any of
+    /// its stores counts, since a flush covers them all.
+    pub fn flushed_at(&self) -> Instant {
+        self.db.flushed_at()
+    }
+
+    /// Records that a write completed (see [`Db::write_mark`]).
+    fn wrote(&self) {
+        self.written.store(self.db.write_mark(), Ordering::SeqCst);
+    }
+
+    /// `key` under this store's key prefix.
+    fn key<'k>(&self, key: &'k [u8]) -> Cow<'k, [u8]> {
+        if self.key_prefix.is_empty() {
+            Cow::Borrowed(key)
+        } else {
+            let mut full = Vec::with_capacity(self.key_prefix.len() + key.len());
+            full.extend_from_slice(&self.key_prefix);
+            full.extend_from_slice(key);
+            Cow::Owned(full)
+        }
+    }
+
+    /// Read options bounded to `range` of this store's keys (all of them, under its prefix, for
+    /// an unbounded side).
+    fn bounded(&self, range: &KeyRange) -> ReadOptions {
+        let mut read = ReadOptions::default();
+        match &range.lower {
+            Some(lower) => read.set_iterate_lower_bound(self.key(lower).into_owned()),
+            None if !self.key_prefix.is_empty() => {
+                read.set_iterate_lower_bound(self.key_prefix.clone())
+            }
+            None => {}
+        }
+        match &range.upper {
+            Some(upper) => read.set_iterate_upper_bound(self.key(upper).into_owned()),
+            None => {
+                if let Some(upper) = prefix_successor(&self.key_prefix) {
+                    read.set_iterate_upper_bound(upper);
+                }
+            }
+        }
+        read
     }
 
     /// The RocksDB directory: the store's own, or its task's.
@@ -154,7 +220,7 @@ impl RocksDbStore {
     ) -> Result<()> {
         self.check_open()?;
         let meta = self.metadata_cf()?;
-        let mut wb = to_write_batch(self.data_cf()?, data);
+        let mut wb = self.to_write_batch(self.data_cf()?, data);
         for (k, v) in metadata {
             let k = self.meta_key(k);
             match v {
@@ -162,10 +228,34 @@ impl RocksDbStore {
                 None => wb.delete_cf(meta, k),
             }
         }
+        self.write_batch(wb, "write")
+    }
+
+    /// Writes `wb`, and records that this store wrote.
+    fn write_batch(&self, wb: WriteBatch, operation: &'static str) -> Result<()> {
         self.db
             .db
             .write_opt(wb, &self.write_opts)
-            .map_err(|e| self.backend("write", e))
+            .map_err(|e| self.backend(operation, e))?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// The one place mutations become a RocksDB `WriteBatch` (later entries win).
+    fn to_write_batch<'e>(
+        &self,
+        cf: &rocksdb::ColumnFamily,
+        data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
+    ) -> WriteBatch {
+        let mut wb = WriteBatch::default();
+        for (k, v) in data {
+            let k = self.key(k);
+            match v {
+                Some(v) => wb.put_cf(cf, k, v),
+                None => wb.delete_cf(cf, k),
+            }
+        }
+        wb
     }
 
     /// Bulk load: writes `entries` (sorted by key, strictly ascending; `None` deletes) into one
@@ -190,10 +280,13 @@ impl RocksDbStore {
             Ok(_) => {
                 let mut ingest = rocksdb::IngestExternalFileOptions::default();
                 ingest.set_move_files(true);
-                self.db
+                let ingested = self
+                    .db
                     .db
                     .ingest_external_file_cf_opts(self.data_cf()?, &ingest, vec![&file])
-                    .map_err(|e| self.backend("ingest SST", e))
+                    .map_err(|e| self.backend("ingest SST", e));
+                self.wrote();
+                ingested
             }
             Err(e) => Err(e),
         };
@@ -216,6 +309,7 @@ impl RocksDbStore {
         writer.open(file).map_err(failed)?;
         let mut previous: Option<&[u8]> = None;
         let mut count = 0;
+        let mut full = self.key_prefix.clone();
         for (key, value) in entries {
             if previous.is_some_and(|p| p >= key) {
                 return Err(Error::InvalidArgument {
@@ -227,9 +321,11 @@ impl RocksDbStore {
                     ),
                 });
             }
+            full.truncate(self.key_prefix.len());
+            full.extend_from_slice(key);
             match value {
-                Some(v) => writer.put(key, v),
-                None => writer.delete(key),
+                Some(v) => writer.put(&full, v),
+                None => writer.delete(&full),
             }
             .map_err(failed)?;
             previous = Some(key);
@@ -287,10 +383,7 @@ impl RocksDbStore {
         for (key, _) in self.metadata_entries()? {
             wb.delete_cf(meta, self.meta_key(&key));
         }
-        self.db
-            .db
-            .write_opt(wb, &self.write_opts)
-            .map_err(|e| self.backend("clear", e))?;
+        self.write_batch(wb, "clear")?;
         self.flush()?;
         if let (Some(first), Some(last)) = (first, last) {
             // Durable now; the files wholly inside the range go at once, the rest in compaction.
@@ -302,14 +395,43 @@ impl RocksDbStore {
         Ok(())
     }
 
-    /// The first or last key of the store.
+    /// The first or last key of the store (with its prefix).
     fn edge_key(&self, mode: IteratorMode<'_>) -> Result<Option<Vec<u8>>> {
-        match self.db.db.iterator_cf(self.data_cf()?, mode).next() {
+        let read = self.bounded(&KeyRange::all());
+        match self
+            .db
+            .db
+            .iterator_cf_opt(self.data_cf()?, read, mode)
+            .next()
+        {
             None => Ok(None),
             Some(item) => Ok(Some(
                 item.map_err(|e| self.backend("scan", e))?.0.into_vec(),
             )),
         }
+    }
+
+    /// The bytes this store's SST files take: its column family's, or, for a task's store in a
+    /// shared RocksDB, RocksDB's estimate of its key range's share (flushed data only).
+    pub fn sst_bytes(&self) -> Result<u64> {
+        self.check_open()?;
+        let cf = self.data_cf()?;
+        if self.key_prefix.is_empty() {
+            return Ok(self
+                .db
+                .db
+                .property_int_value_cf(cf, rocksdb::properties::TOTAL_SST_FILES_SIZE)
+                .map_err(|e| self.backend("read property", e))?
+                .unwrap_or_default());
+        }
+        let upper = prefix_successor(&self.key_prefix).unwrap_or_else(|| vec![u8::MAX; 16]);
+        Ok(self
+            .db
+            .db
+            .get_approximate_sizes_cf(cf, &[rocksdb::Range::new(&self.key_prefix, &upper)])
+            .first()
+            .copied()
+            .unwrap_or_default())
     }
 
     /// A RocksDB property of the data column family (e.g. `rocksdb.stats`), for diagnostics.
@@ -334,19 +456,16 @@ fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
-/// The one place mutations become a RocksDB `WriteBatch` (later entries win).
-fn to_write_batch<'e>(
-    cf: &rocksdb::ColumnFamily,
-    data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
-) -> WriteBatch {
-    let mut wb = WriteBatch::default();
-    for (k, v) in data {
-        match v {
-            Some(v) => wb.put_cf(cf, k, v),
-            None => wb.delete_cf(cf, k),
-        }
-    }
-    wb
+/// How many entries of a task's store in a shared RocksDB `approximate_len` counts before it
+/// estimates instead.
+const COUNTED_LEN: usize = 10_000;
+
+/// The key prefixes of a store handle, and the lease that keeps its task open.
+#[derive(Default)]
+pub(crate) struct Prefixes {
+    pub(crate) keys: Vec<u8>,
+    pub(crate) metadata: Vec<u8>,
+    pub(crate) lease: Option<Arc<crate::shared_db::Lease>>,
 }
 
 impl KeyValueStore for RocksDbStore {
@@ -358,7 +477,7 @@ impl KeyValueStore for RocksDbStore {
         self.check_open()?;
         self.db
             .db
-            .get_cf(self.data_cf()?, key)
+            .get_cf(self.data_cf()?, self.key(key))
             .map_err(|e| self.backend("get", e))
     }
 
@@ -367,7 +486,7 @@ impl KeyValueStore for RocksDbStore {
         let cf = self.data_cf()?;
         self.db
             .db
-            .multi_get_cf(keys.iter().map(|k| (cf, *k)))
+            .multi_get_cf(keys.iter().map(|k| (cf, self.key(k))))
             .into_iter()
             .map(|r| r.map_err(|e| self.backend("multi_get", e)))
             .collect()
@@ -379,16 +498,20 @@ impl KeyValueStore for RocksDbStore {
         self.check_open()?;
         self.db
             .db
-            .put_cf_opt(self.data_cf()?, key, value, &self.write_opts)
-            .map_err(|e| self.backend("put", e))
+            .put_cf_opt(self.data_cf()?, self.key(key), value, &self.write_opts)
+            .map_err(|e| self.backend("put", e))?;
+        self.wrote();
+        Ok(())
     }
 
     fn delete(&self, key: &[u8]) -> Result<()> {
         self.check_open()?;
         self.db
             .db
-            .delete_cf_opt(self.data_cf()?, key, &self.write_opts)
-            .map_err(|e| self.backend("delete", e))
+            .delete_cf_opt(self.data_cf()?, self.key(key), &self.write_opts)
+            .map_err(|e| self.backend("delete", e))?;
+        self.wrote();
+        Ok(())
     }
 
     fn write(&self, batch: Batch) -> Result<()> {
@@ -396,17 +519,14 @@ impl KeyValueStore for RocksDbStore {
         if batch.is_empty() {
             return Ok(());
         }
-        let wb = to_write_batch(
+        let wb = self.to_write_batch(
             self.data_cf()?,
             batch
                 .mutations()
                 .iter()
                 .map(|(k, v)| (k.as_slice(), v.as_deref())),
         );
-        self.db
-            .db
-            .write_opt(wb, &self.write_opts)
-            .map_err(|e| self.backend("write", e))
+        self.write_batch(wb, "write")
     }
 
     fn scan(&self, range: &KeyRange, order: Order) -> Result<EntryIter<'_>> {
@@ -416,56 +536,80 @@ impl KeyValueStore for RocksDbStore {
         }
         // The normal form is exactly RocksDB's bounds: lower inclusive, upper exclusive. With
         // both set, SeekToFirst/SeekToLast land on the first/last key inside them.
-        let mut read = ReadOptions::default();
-        if let Some(lower) = &range.lower {
-            read.set_iterate_lower_bound(lower.clone());
-        }
-        if let Some(upper) = &range.upper {
-            read.set_iterate_upper_bound(upper.clone());
-        }
+        let read = self.bounded(range);
         let mode = match order {
             Order::Forward => IteratorMode::Start,
             Order::Reverse => IteratorMode::End,
         };
         let name = &self.name;
+        let prefix = self.key_prefix.len();
         Ok(Box::new(
             self.db
                 .db
                 .iterator_cf_opt(self.data_cf()?, read, mode)
                 .map(move |item| {
-                    item.map(|(k, v)| (k.into_vec(), v.into_vec()))
+                    item.map(|(k, v)| (k[prefix..].to_vec(), v.into_vec()))
                         .map_err(|e| Error::backend(name.clone(), "scan", e))
                 }),
         ))
     }
 
+    /// RocksDB's estimate for a store with a column family of its own. A task's store in a
+    /// shared RocksDB is counted while it is small (up to [`COUNTED_LEN`] entries), else
+    /// estimated as the column family's estimate times the task's share of its SST files.
     fn approximate_len(&self) -> Result<u64> {
         self.check_open()?;
-        Ok(self
+        let cf = self.data_cf()?;
+        let int_property = |name: &rocksdb::properties::PropName| {
+            self.db
+                .db
+                .property_int_value_cf(cf, name)
+                .map_err(|e| self.backend("estimate entry count", e))
+                .map(Option::unwrap_or_default)
+        };
+        let whole = int_property(rocksdb::properties::ESTIMATE_NUM_KEYS)?;
+        if self.key_prefix.is_empty() {
+            return Ok(whole);
+        }
+        let counted = self
+            .scan(&KeyRange::all(), Order::Forward)?
+            .take(COUNTED_LEN + 1);
+        let mut n = 0u64;
+        for entry in counted {
+            entry?;
+            n += 1;
+        }
+        if n <= COUNTED_LEN as u64 {
+            return Ok(n);
+        }
+        let upper = prefix_successor(&self.key_prefix).unwrap_or_else(|| vec![u8::MAX; 16]);
+        let mine = self
             .db
             .db
-            .property_int_value_cf(self.data_cf()?, rocksdb::properties::ESTIMATE_NUM_KEYS)
-            .map_err(|e| self.backend("estimate entry count", e))?
-            .unwrap_or(0))
+            .get_approximate_sizes_cf(cf, &[rocksdb::Range::new(&self.key_prefix, &upper)])
+            .first()
+            .copied()
+            .unwrap_or_default();
+        let files = int_property(rocksdb::properties::LIVE_SST_FILES_SIZE)?;
+        let share = if files == 0 {
+            1.0
+        } else {
+            (mine as f64 / files as f64).min(1.0)
+        };
+        Ok(((whole as f64 * share) as u64).max(n))
     }
 
     /// Flushes every column family of the RocksDB at once (atomic flush): in a task's RocksDB
     /// the metadata column family holds every store's position, so flushing it without every
-    /// store's data would make a position durable ahead of its data.
+    /// store's data would make a position durable ahead of its data. Returns at once when every
+    /// write of this store is in a flush that completed already (another store's, in a shared
+    /// RocksDB).
     fn flush(&self) -> Result<()> {
         self.check_open()?;
-        let families = self
-            .db
-            .families
-            .iter()
-            .map(|f| self.family(f))
-            .collect::<Result<Vec<_>>>()?;
-        let mut opts = FlushOptions::default();
-        opts.set_wait(true);
-        self.db
-            .db
-            .flush_cfs_opt(&families, &opts)
-            .map_err(|e| self.backend("flush", e))
+        if self.db.is_durable(self.written.load(Ordering::SeqCst)) {
+            return Ok(());
+        }
+        self.db.flush_all().map_err(|e| self.backend("flush", e))
     }
 
     /// Flushes, then refuses further operations. The directory's lock is released when the

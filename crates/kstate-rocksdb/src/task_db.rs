@@ -13,6 +13,11 @@
 //! task's stores and their changelog positions come back at one point of the task's write
 //! order, never one store ahead of the others.
 //!
+//! # Or a part of a RocksDB many tasks share
+//! [`SharedDb::task`](crate::SharedDb::task) hands out a `TaskDb` too: the same stores, their
+//! keys under the task's prefix in a RocksDB the process opens once (what the task runtime
+//! uses). The flush covers every task of that RocksDB, so the consistency above holds for each.
+//!
 //! # Column families are fixed at open
 //! The stores are named when the RocksDB opens ([`TaskDb::open`]); column families it already
 //! holds (a store no longer declared) are opened too and left alone. Rebuilding one store wipes
@@ -21,22 +26,40 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use std::path::PathBuf;
+
 use crate::db::{Db, Layout, STORE_CF_PREFIX, store_cf};
 use crate::error::OpenError;
 use crate::options::RocksDbOptions;
-use crate::store::RocksDbStore;
+use crate::shared_db::Lease;
+use crate::store::{Prefixes, RocksDbStore};
 
-/// The RocksDB of one task: its stores as column families. Cloning shares it; the directory's
-/// lock is released when the last clone and the last store handle are dropped.
+/// The RocksDB of one task, or its part of a RocksDB many tasks share: its stores as column
+/// families. Cloning shares it; the directory's lock (the task's lease, in a shared RocksDB) is
+/// released when the last clone and the last store handle are dropped.
 #[derive(Clone)]
 pub struct TaskDb {
     db: Arc<Db>,
+    /// The task's directory: the RocksDB's own, or where the task's stores are named in a
+    /// shared one (and where older layouts kept them).
+    path: PathBuf,
+    /// In a shared RocksDB: the task's key prefix, its metadata prefix, and its lease.
+    part: Option<Part>,
+}
+
+/// A task's part of a shared RocksDB.
+#[derive(Clone)]
+pub(crate) struct Part {
+    pub(crate) keys: Vec<u8>,
+    pub(crate) metadata: Vec<u8>,
+    pub(crate) lease: Arc<Lease>,
 }
 
 impl std::fmt::Debug for TaskDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TaskDb")
-            .field("path", &self.db.path)
+            .field("path", &self.path)
+            .field("rocksdb", &self.db.path)
             .field("stores", &self.stores())
             .finish()
     }
@@ -54,6 +77,21 @@ fn name_problem(name: &str) -> Option<&'static str> {
     }
 }
 
+/// The column families of `stores`, or why one of them cannot name a store of the RocksDB at
+/// `path`.
+pub(crate) fn store_families(path: &Path, stores: &[&str]) -> Result<Vec<String>, OpenError> {
+    stores
+        .iter()
+        .map(|name| match name_problem(name) {
+            Some(problem) => Err(OpenError::Layout {
+                path: path.to_path_buf(),
+                message: format!("store name {name:?} {problem}"),
+            }),
+            None => Ok(store_cf(name)),
+        })
+        .collect()
+}
+
 impl TaskDb {
     /// Opens (creating if needed) the task RocksDB in directory `path` with a column family for
     /// each of `stores`.
@@ -67,18 +105,26 @@ impl TaskDb {
         options: &RocksDbOptions,
     ) -> Result<Self, OpenError> {
         let path = path.as_ref();
-        let mut families = Vec::with_capacity(stores.len());
-        for name in stores {
-            if let Some(problem) = name_problem(name) {
-                return Err(OpenError::Layout {
-                    path: path.to_path_buf(),
-                    message: format!("store name {name:?} {problem}"),
-                });
-            }
-            families.push(store_cf(name));
-        }
+        let families = store_families(path, stores)?;
         let db = Db::open(path, options, Layout::Task, &families, false)?;
-        Ok(TaskDb { db: Arc::new(db) })
+        Ok(Self::own(db))
+    }
+
+    fn own(db: Db) -> Self {
+        TaskDb {
+            path: db.path.clone(),
+            db: Arc::new(db),
+            part: None,
+        }
+    }
+
+    /// Task `path`'s part of the shared RocksDB `db`.
+    pub(crate) fn part(db: Arc<Db>, path: PathBuf, part: Part) -> Self {
+        TaskDb {
+            db,
+            path,
+            part: Some(part),
+        }
     }
 
     /// Opens the task RocksDB that already exists at `path` with the stores it holds (for
@@ -88,12 +134,23 @@ impl TaskDb {
         options: &RocksDbOptions,
     ) -> Result<Self, OpenError> {
         let db = Db::open(path.as_ref(), options, Layout::Task, &[], true)?;
-        Ok(TaskDb { db: Arc::new(db) })
+        Ok(Self::own(db))
     }
 
-    /// The directory.
+    /// The task's directory: its RocksDB's, or, in a shared RocksDB, the one given to
+    /// [`SharedDb::task`](crate::SharedDb::task) (where the older layouts kept the task).
     pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory of the RocksDB the task's stores are in.
+    pub fn rocksdb_path(&self) -> &Path {
         &self.db.path
+    }
+
+    /// Whether the task's stores are part of a RocksDB other tasks share.
+    pub fn is_shared(&self) -> bool {
+        self.part.is_some()
     }
 
     /// The stores it holds, by name, in name order.
@@ -114,13 +171,21 @@ impl TaskDb {
         let cf = store_cf(name);
         if !self.db.families.contains(&cf) {
             return Err(OpenError::NoSuchStore {
-                path: self.db.path.clone(),
+                path: self.path.clone(),
                 store: name.to_string(),
                 held: self.stores(),
             });
         }
-        let display = self.db.path.join(name).display().to_string();
-        let prefix = format!("{cf}/").into_bytes();
-        Ok(RocksDbStore::on(self.db.clone(), cf, prefix, display))
+        let display = self.path.join(name).display().to_string();
+        let mut prefixes = Prefixes::default();
+        if let Some(part) = &self.part {
+            prefixes.keys = part.keys.clone();
+            prefixes.metadata = part.metadata.clone();
+            prefixes.lease = Some(part.lease.clone());
+        }
+        prefixes
+            .metadata
+            .extend_from_slice(format!("{cf}/").as_bytes());
+        Ok(RocksDbStore::on(self.db.clone(), cf, prefixes, display))
     }
 }

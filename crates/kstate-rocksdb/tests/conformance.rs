@@ -39,3 +39,88 @@ impl Harness for RocksHarness {
 
 kstate_core::conformance_tests!(RocksHarness::new());
 kstate_core::model_tests!(RocksHarness::new(), cases = 64);
+
+/// The same kit against a task's store in a RocksDB many tasks share: each store the kit opens
+/// is a task whose neighbours on both sides (the task numbers just below and above) hold keys
+/// at the edges of the key space, so a scan, a count or a clear that strays past the task's
+/// prefix shows up as entries the kit never wrote.
+mod shared {
+    use super::*;
+    use kstate_rocksdb::SharedDb;
+
+    struct SharedHarness {
+        dir: tempfile::TempDir,
+        db: SharedDb,
+        opened: u32,
+    }
+
+    impl SharedHarness {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let db = SharedDb::open(
+                dir.path().join("rocksdb"),
+                &["s"],
+                &RocksDbOptions::default(),
+            )
+            .unwrap();
+            SharedHarness { dir, db, opened: 0 }
+        }
+
+        fn neighbour(&self, task: u32) {
+            let task_db = self
+                .db
+                .task(task, self.dir.path().join(task.to_string()))
+                .unwrap();
+            let store = task_db.store("s").unwrap();
+            for key in [
+                &b""[..],
+                b"\x00",
+                b"\x00\x00\x00\x00",
+                b"m",
+                b"\xff",
+                b"\xff\xff\xff\xff\xff",
+            ] {
+                store.put(key, b"neighbour").unwrap();
+            }
+            store
+                .write_with_metadata(std::iter::empty(), &[(b"position", Some(b"1"))])
+                .unwrap();
+        }
+    }
+
+    impl Harness for SharedHarness {
+        type Store = RocksDbStore;
+
+        fn open(&mut self) -> RocksDbStore {
+            self.opened += 3;
+            let task = self.opened;
+            self.neighbour(task - 1);
+            self.neighbour(task + 1);
+            let task_db = self
+                .db
+                .task(task, self.dir.path().join(task.to_string()))
+                .unwrap();
+            task_db.store("s").unwrap()
+        }
+
+        fn reopen(&mut self, store: RocksDbStore) -> RocksDbStore {
+            let name = store.name().to_string();
+            store.close().unwrap();
+            drop(store);
+            let task: u32 = std::path::Path::new(&name)
+                .parent()
+                .and_then(|p| p.file_name())
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse().ok())
+                .unwrap();
+            let task_db = self
+                .db
+                .task(task, self.dir.path().join(task.to_string()))
+                .unwrap();
+            task_db.store("s").unwrap()
+        }
+    }
+
+    kstate_core::conformance_tests!(SharedHarness::new());
+    kstate_core::model_tests!(SharedHarness::new(), cases = 64);
+}

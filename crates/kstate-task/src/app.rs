@@ -11,6 +11,7 @@ use kstate_core::codec::{Bincode, Codec, OrderedKey};
 use kstate_core::sync::lock;
 use kstate_core::{KeyValueStore, Store};
 use kstate_kafka::ConnectionWatch;
+use kstate_rocksdb::SharedDb;
 use rdkafka::consumer::BaseConsumer;
 
 use crate::config::{AppConfig, ProcessorFactory};
@@ -33,13 +34,23 @@ impl App {
     /// Checks the inputs (they exist and are co-partitioned) and starts the workers.
     pub fn start(self) -> Result<Running, TaskError> {
         let partitions = input_partitions(&self.config)?;
-        // Every task's RocksDB holds files open: make room for as many as the hard limit allows.
+        // The RocksDB holds files open: make room for as many as the hard limit allows.
         crate::open_files::raise_for(crate::open_files::needed(
             partitions,
             self.config.stores.len(),
             self.config.rocksdb.open_files_cap(),
         ));
-        let shared = Arc::new(AppShared::new(self.config, self.factory, partitions));
+        let names: Vec<&str> = self.config.stores.iter().map(|s| s.name.as_str()).collect();
+        let rocksdb = SharedDb::open(self.config.shared_db_dir(), &names, &self.config.rocksdb)
+            .map_err(|source| TaskError::StateDb {
+                source: Box::new(source),
+            })?;
+        let shared = Arc::new(AppShared::new(
+            self.config,
+            self.factory,
+            partitions,
+            rocksdb,
+        ));
         let state = shared.state.subscribe();
         let mut handles = Vec::new();
         for index in 0..shared.config.threads {
@@ -49,12 +60,13 @@ impl App {
             let mut restorers = Vec::new();
             for r in 0..shared.config.restore_threads {
                 let options = shared.config.rocksdb.clone();
+                let rocksdb = shared.rocksdb.clone();
                 let listener = shared.config.restore_listener.clone();
                 let (job_rx, done) = (job_rx.clone(), done.clone());
                 let name = format!("kstate-restorer-{index}-{r}");
                 let restorer = std::thread::Builder::new()
                     .name(name.clone())
-                    .spawn(move || crate::restorer::run(job_rx, done, options, listener))
+                    .spawn(move || crate::restorer::run(job_rx, done, rocksdb, options, listener))
                     .map_err(|e| thread_error(name, e))?;
                 restorers.push(restorer);
             }

@@ -273,7 +273,15 @@ impl AppConfig {
             .then(|| format!("{}-{}-{index}", self.application_id, self.instance_id))
     }
 
-    /// `<state-dir>/<app-id>/<p>`: the RocksDB of task `p`, its stores column families in it.
+    /// `<state-dir>/<app-id>/rocksdb`: the RocksDB every task of the process keeps its stores
+    /// in ([`kstate_rocksdb::SharedDb`]).
+    pub(crate) fn shared_db_dir(&self) -> PathBuf {
+        self.state_dir.join(&self.application_id).join("rocksdb")
+    }
+
+    /// `<state-dir>/<app-id>/<p>`: task `p`'s directory. Its stores are named by it
+    /// (`<p>/<store>`); an older kstate kept the task's RocksDB there, which the task's first
+    /// open moves into the shared one.
     pub(crate) fn task_dir(&self, partition: i32) -> PathBuf {
         self.state_dir
             .join(&self.application_id)

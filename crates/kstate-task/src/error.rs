@@ -137,6 +137,14 @@ pub enum TaskError {
         source: Box<kstate_core::Error>,
     },
 
+    /// The RocksDB the process's tasks share could not be opened (its error names the path).
+    #[error("opening the tasks' RocksDB: {source}")]
+    StateDb {
+        /// What went wrong.
+        #[source]
+        source: Box<kstate_rocksdb::OpenError>,
+    },
+
     /// Opening or restoring a store of a task failed.
     #[error("{task}: {source}")]
     Restore {

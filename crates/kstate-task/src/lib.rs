@@ -5,10 +5,11 @@
 //! - Task *p* is partition *p* of every input topic (co-partitioned; checked at start), and runs
 //!   only on a worker that holds all of them, one worker at a time: with several inputs the
 //!   group protocol must co-partition ([`GroupProtocol`]; `build()` refuses one that does not).
-//!   Its stores live in one RocksDB, `<state-dir>/<app-id>/<p>/` (a
-//!   [`TaskDb`](kstate_rocksdb::TaskDb): store `s` is a column family, and one atomic flush
-//!   covers them all), store `s` logged to `<app-id>-<s>-changelog` partition *p*. Stores the
-//!   older layout left (`<p>/<s>/`, a RocksDB each) move in when the task first opens.
+//!   Every task of the process keeps its stores in one RocksDB, `<state-dir>/<app-id>/rocksdb/`
+//!   (a [`SharedDb`](kstate_rocksdb::SharedDb): store `s` is a column family, task *p*'s keys
+//!   are under its prefix, and one atomic flush covers them all), store `s` logged to
+//!   `<app-id>-<s>-changelog` partition *p*. What older layouts left (a RocksDB per task at
+//!   `<p>/`, or per store at `<p>/<s>/`) moves in when the task first opens.
 //! - A record that cannot be processed goes to the application's [`ErrorPolicy`]; a panic fails
 //!   the application with [`TaskError::Panicked`], and nothing of the record is committed under
 //!   exactly-once.

@@ -1,37 +1,38 @@
-//! The process's limit on open files against what its tasks' RocksDBs may hold open.
+//! The process's limit on open files against what its RocksDB may hold open.
 //!
-//! Every task is one RocksDB ([`TaskDb`](kstate_rocksdb::TaskDb)), and each holds about
-//! [`FILES_PER_TASK`] descriptors besides its SST files while open: its `LOCK`, `MANIFEST`,
-//! write-ahead log (created and held open even though no write uses it) and directory. SST files
-//! come on top, up to the RocksDB's cap ([`RocksDbOptions::open_files_cap`], 64 by default; a
-//! flush writes one per store and one for the metadata). A process that runs many tasks runs out
-//! of descriptors long before it runs out of memory: 1,000 tasks of 3 stores held 10,110
-//! (`examples/tasks_per_process.rs`, BENCHMARKS.md), ten times the common soft limit of 1,024. So
-//! at start the soft limit is raised as far as the hard limit allows, like servers that open
-//! many files do, and a limit still below what every task of the application would need in this
-//! one process is warned about, with the number to give `ulimit -n`. It is not an error: a
-//! process usually holds only its share of the tasks.
+//! Every task of the process keeps its stores in one RocksDB
+//! ([`SharedDb`](kstate_rocksdb::SharedDb)), which holds [`FILES_PER_ROCKSDB`] descriptors
+//! besides its SST files: its `LOCK`, `MANIFEST`, write-ahead log (created and held open even
+//! though no write uses it) and directory. SST files come on top, up to the RocksDB's cap
+//! ([`RocksDbOptions::open_files_cap`], 64 by default). With a RocksDB per task, 1,000 tasks of
+//! 3 stores held 10,110 descriptors, ten times the common soft limit of 1,024
+//! (`examples/tasks_per_process.rs`, BENCHMARKS.md); with the cap on one shared RocksDB the
+//! count no longer grows with the tasks. At start the soft limit is still raised as far as the
+//! hard limit allows, like servers that open many files do, and a limit below what the process
+//! would need is warned about, with the number to give `ulimit -n`.
 //!
 //! [`RocksDbOptions::open_files_cap`]: kstate_rocksdb::RocksDbOptions::open_files_cap
 
-/// Descriptors one task's RocksDB holds besides its SST files (see the module docs).
-pub(crate) const FILES_PER_TASK: u64 = 4;
+/// Descriptors a RocksDB holds besides its SST files (see the module docs).
+pub(crate) const FILES_PER_ROCKSDB: u64 = 4;
 
-/// SST files counted per column family (each store's, and the metadata's) while the data is
-/// small: measured, 1,000 tasks of 3 stores held 10 descriptors each after a start and after
-/// a restart.
+/// SST files counted per column family and task when RocksDB has no cap on open files (each
+/// store's, and the metadata's): measured with a RocksDB per task, 1,000 tasks of 3 stores held
+/// 10 descriptors each after a start and after a restart.
 pub(crate) const SST_FILES_PER_FAMILY: u64 = 2;
 
 /// Descriptors the rest of the process holds: librdkafka's sockets (one per broker per
 /// client) and pipes, the workers' and the restorers' clients, the application's own files.
 pub(crate) const FILES_BESIDES_STORES: u64 = 256;
 
-/// What every task in this process would hold: `partitions` tasks of `stores` stores each,
-/// each RocksDB keeping at most `cap` SST files open (`None`: no cap).
+/// What the process would hold with `partitions` tasks of `stores` stores each in its RocksDB,
+/// which keeps at most `cap` SST files open (`None`: no cap, so as many as the tasks' data
+/// would need).
 pub(crate) fn needed(partitions: i32, stores: usize, cap: Option<u32>) -> u64 {
-    let ssts = (stores as u64 + 1) * SST_FILES_PER_FAMILY;
-    let ssts = cap.map_or(ssts, |cap| ssts.min(u64::from(cap)));
-    FILES_BESIDES_STORES + u64::try_from(partitions.max(0)).unwrap_or(0) * (FILES_PER_TASK + ssts)
+    let tasks = u64::try_from(partitions.max(0)).unwrap_or(0);
+    let uncapped = tasks * (stores as u64 + 1) * SST_FILES_PER_FAMILY;
+    let ssts = cap.map_or(uncapped, |cap| uncapped.min(u64::from(cap)));
+    FILES_BESIDES_STORES + FILES_PER_ROCKSDB + ssts
 }
 
 /// Raises the soft limit on open files towards `needed` (at most the hard limit) and returns
@@ -61,16 +62,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_thousand_tasks_of_three_stores_need_more_than_the_common_soft_limit() {
-        assert_eq!(needed(1_000, 3, Some(64)), 256 + 12_000);
-        assert_eq!(needed(1_000, 3, Some(20)), 256 + 12_000);
+    fn the_cap_bounds_what_a_thousand_tasks_need_and_without_it_they_grow() {
+        let fixed = FILES_BESIDES_STORES + FILES_PER_ROCKSDB;
+        assert_eq!(needed(1_000, 3, Some(64)), fixed + 64);
+        assert_eq!(needed(10, 30, Some(64)), fixed + 64);
         assert_eq!(
-            needed(1_000, 30, Some(20)),
-            256 + 24_000,
-            "the cap bounds the SST files"
+            needed(1, 1, Some(64)),
+            fixed + 4,
+            "fewer files than the cap"
         );
+        assert_eq!(needed(1_000, 3, None), fixed + 8_000);
         assert!(needed(200, 1, None) > 1_024);
-        assert_eq!(needed(-1, 3, None), FILES_BESIDES_STORES);
+        assert_eq!(needed(-1, 3, None), fixed);
     }
 
     #[test]

@@ -13,8 +13,10 @@
 //! worker never waits for an answer that cannot come.
 //! Each thread keeps one set of Kafka clients for all its restores ([`RestoreClients`]): a cold
 //! set costs about a second per store, which a failover that moves many tasks would pay for each.
-//! A job opens the task's RocksDB ([`TaskDb`]) once and restores its stores into it one after
-//! another.
+//! A job opens the task's part of the RocksDB the process's tasks share ([`SharedDb::task`])
+//! once and restores its stores into it one after another; a task's RocksDB of its own that an
+//! older kstate left at the task's directory is moved into it first
+//! ([`move_task_directory`]).
 //! The jobs of one assignment share a [`Batch`]: before the first of them, a thread asks for the
 //! ends of all the batch's changelogs in three requests ([`RestoreClients::prefetch_ends`]), so
 //! that a task with nothing to replay opens with no broker round trip of its own (four per store
@@ -32,8 +34,9 @@ use kstate_core::sync::lock;
 use kstate_kafka::{
     BatchRestored, CancelToken, ChangelogConfig, ChangelogError, OpenHooks, RestoreClients,
     RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation,
+    move_task_directory,
 };
-use kstate_rocksdb::{OpenError, RocksDbOptions, TaskDb};
+use kstate_rocksdb::{OpenError, RocksDbOptions, SharedDb, TaskDb};
 
 use crate::error::{TaskError, panic_message};
 use crate::ids::TaskId;
@@ -44,7 +47,8 @@ pub(crate) struct Job {
     /// Tells this job's result from an earlier, cancelled job of the same task.
     pub(crate) id: u64,
     pub(crate) task: TaskId,
-    /// The task's RocksDB directory.
+    /// The task's directory: where its stores are named, and where an older kstate kept its
+    /// RocksDB.
     pub(crate) dir: PathBuf,
     /// Each store's name and changelog, in declaration order.
     pub(crate) stores: Vec<(String, ChangelogConfig)>,
@@ -62,7 +66,7 @@ pub(crate) struct Batch {
     pub(crate) id: u64,
     /// The changelog of every store of every task of the batch.
     pub(crate) changelogs: Vec<ChangelogConfig>,
-    /// The changelogs of the batch's tasks that have no local state (no RocksDB directory):
+    /// The changelogs of the batch's tasks that have no local state (no position stored):
     /// their stores hold no position, so their missing topics are created before the restores,
     /// all in one request ([`RestoreClients::create_missing_topics`]).
     pub(crate) of_new_tasks: Vec<ChangelogConfig>,
@@ -93,32 +97,51 @@ impl RestoreListener for Both {
     }
 }
 
-/// How long a restore waits for a task's RocksDB directory another task of this process still
-/// holds (a task moved between two workers of the process, or revoked while restoring, is
-/// closing).
-const DIRECTORY_WAIT: Duration = Duration::from_secs(60);
+/// How long a restore waits for a task another handle of this process still holds (a task
+/// moved between two workers of the process, or revoked while restoring, is closing).
+const TASK_WAIT: Duration = Duration::from_secs(60);
 
-/// Whether an open failed because the RocksDB directory is open (its LOCK is held): another
-/// task of this process is still closing it.
-fn directory_held(error: &OpenError) -> bool {
-    matches!(error, OpenError::AlreadyOpen { .. })
+/// Whether an open failed because the task, or the RocksDB directory of its own an older kstate
+/// left (its LOCK), is still held: another task of this process is still closing it.
+fn held(error: &OpenError) -> bool {
+    matches!(
+        error,
+        OpenError::AlreadyOpen { .. } | OpenError::TaskHeld { .. }
+    )
 }
 
-/// Opens the task's RocksDB; waits while its lock is still held here.
+/// Opens task `task`'s part of the shared RocksDB, then moves in what an older kstate left at
+/// `dir`; waits while the task is still held here.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
 fn open_task_db(
+    db: &SharedDb,
+    task: TaskId,
     dir: &Path,
-    stores: &[&str],
     options: &RocksDbOptions,
     cancel: &CancelToken,
 ) -> Result<TaskDb, ChangelogError> {
-    let deadline = Instant::now() + DIRECTORY_WAIT;
+    let deadline = Instant::now() + TASK_WAIT;
+    let number = u32::try_from(task.partition).map_err(|_| {
+        ChangelogError::Open(OpenError::Layout {
+            path: dir.to_path_buf(),
+            message: format!("{task}: a partition number cannot be negative"),
+        })
+    })?;
     loop {
-        match TaskDb::open(dir, stores, options) {
-            Err(e) if directory_held(&e) && Instant::now() < deadline && !cancel.is_cancelled() => {
+        let opened = db
+            .task(number, dir)
+            .map_err(ChangelogError::Open)
+            .and_then(|t| {
+                move_task_directory(&t, options)?;
+                Ok(t)
+            });
+        match opened {
+            Err(ChangelogError::Open(e))
+                if held(&e) && Instant::now() < deadline && !cancel.is_cancelled() =>
+            {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            result => return result.map_err(ChangelogError::Open),
+            result => return result,
         }
     }
 }
@@ -240,6 +263,7 @@ fn restore_one(
 pub(crate) fn run(
     jobs: Arc<Mutex<Receiver<Job>>>,
     done: Sender<Done>,
+    db: SharedDb,
     options: RocksDbOptions,
     listener: Option<Arc<dyn RestoreListener>>,
 ) {
@@ -259,6 +283,7 @@ pub(crate) fn run(
         let restored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             restore_job(
                 job,
+                &db,
                 &options,
                 listener.as_ref(),
                 &mut clients,
@@ -289,6 +314,7 @@ pub(crate) fn run(
 /// Restores every store of one task.
 fn restore_job(
     job: Job,
+    db: &SharedDb,
     options: &RocksDbOptions,
     listener: Option<&Arc<dyn RestoreListener>>,
     clients: &mut Option<RestoreClients>,
@@ -308,23 +334,24 @@ fn restore_job(
         record_check: None,
         cancel: Some(job.cancel.clone()),
     };
-    let result = restore_stores(&job.dir, job.stores, options, &hooks, clients);
+    let result = restore_stores(db, job.task, &job.dir, job.stores, options, &hooks, clients);
     job.progress.finish();
     result.map_err(|source| TaskError::restore(job.task, source))
 }
 
-/// Opens the task's RocksDB at `dir` and restores its stores, in declaration order.
+/// Opens the task's part of the shared RocksDB and restores its stores, in declaration order.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
 fn restore_stores(
+    shared: &SharedDb,
+    task: TaskId,
     dir: &Path,
     stores: Vec<(String, ChangelogConfig)>,
     options: &RocksDbOptions,
     hooks: &OpenHooks,
     clients: &mut Option<RestoreClients>,
 ) -> Result<Vec<RestoredStore>, ChangelogError> {
-    let names: Vec<&str> = stores.iter().map(|(name, _)| name.as_str()).collect();
     let cancel = hooks.cancel.clone().unwrap_or_default();
-    let db = open_task_db(dir, &names, options, &cancel)?;
+    let db = open_task_db(shared, task, dir, options, &cancel)?;
     stores
         .into_iter()
         .map(|(name, config)| restore_one(&db, &name, options, config, hooks, clients))
@@ -336,22 +363,33 @@ mod tests {
     use super::*;
     use kstate_rocksdb::RocksDbStore;
 
-    /// Only RocksDB's own "already open" is waited out: an error that merely mentions a lock
-    /// (an application id `CLOCK`, a path through `/srv/BLOCKS`) is reported at once, not
-    /// retried for a minute.
+    /// Only RocksDB's own "already open" and a task held in the shared RocksDB are waited out:
+    /// an error that merely mentions a lock (an application id `CLOCK`, a path through
+    /// `/srv/BLOCKS`) is reported at once, not retried for a minute.
     #[test]
-    fn only_a_held_directory_is_waited_for_not_an_error_that_mentions_a_lock() {
+    fn only_a_held_directory_or_task_is_waited_for_not_an_error_that_mentions_a_lock() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("CLOCK");
         let _held = RocksDbStore::open(&path, &RocksDbOptions::default()).expect("opens");
         let Err(again) = RocksDbStore::open(&path, &RocksDbOptions::default()) else {
             panic!("the directory is held, a second open must fail");
         };
-        assert!(directory_held(&again));
+        assert!(held(&again));
+        let shared = SharedDb::open(
+            dir.path().join("shared"),
+            &["s"],
+            &RocksDbOptions::default(),
+        )
+        .expect("opens");
+        let _task = shared.task(7, dir.path().join("7")).expect("free");
+        let Err(again) = shared.task(7, dir.path().join("7")) else {
+            panic!("the task is held, a second open must fail");
+        };
+        assert!(held(&again));
         let mentions_lock = OpenError::Layout {
             path: path.join("BLOCKS"),
             message: "LOCK appears in this text".into(),
         };
-        assert!(!directory_held(&mentions_lock));
+        assert!(!held(&mentions_lock));
     }
 }

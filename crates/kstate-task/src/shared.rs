@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use kstate_rocksdb::SharedDb;
+
 use crate::config::{AppConfig, ProcessorFactory};
 use crate::error::TaskError;
 use crate::status::Registry;
@@ -44,17 +46,25 @@ pub(crate) struct AppShared {
     /// The input topics' (common) partition count.
     pub(crate) partitions: i32,
     pub(crate) registry: Registry,
+    /// The RocksDB every task keeps its stores in.
+    pub(crate) rocksdb: SharedDb,
     stop: AtomicBool,
     pub(crate) state: tokio::sync::watch::Sender<AppState>,
 }
 
 impl AppShared {
-    pub(crate) fn new(config: AppConfig, factory: ProcessorFactory, partitions: i32) -> Self {
+    pub(crate) fn new(
+        config: AppConfig,
+        factory: ProcessorFactory,
+        partitions: i32,
+        rocksdb: SharedDb,
+    ) -> Self {
         AppShared {
             config,
             factory,
             partitions,
             registry: Registry::default(),
+            rocksdb,
             stop: AtomicBool::new(false),
             state: tokio::sync::watch::channel(AppState::Running).0,
         }

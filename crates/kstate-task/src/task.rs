@@ -88,7 +88,6 @@ pub(crate) struct Task {
     processed_since_commit: u64,
     /// The processor ran since the last commit (it may have written or sent something).
     touched: bool,
-    last_flush: Instant,
     flush_interval: Duration,
     delivery_timeout: Duration,
 }
@@ -138,7 +137,6 @@ impl Task {
             processed: Arc::new(AtomicU64::new(0)),
             processed_since_commit: 0,
             touched: false,
-            last_flush: Instant::now(),
             flush_interval,
             delivery_timeout,
         };
@@ -357,7 +355,7 @@ impl Task {
     /// still waiting for its changelog's acknowledgements then gives up without being poisoned
     /// ([`kstate_core::Error::Timeout`]): a revocation drops the task, and its input replays.
     pub(crate) fn commit_stores(&mut self, deadline: Option<Instant>) -> Result<(), TaskError> {
-        let flush = self.last_flush.elapsed() >= self.flush_interval;
+        let flush = self.flush_due();
         for store in &self.stores {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let done = match (flush, left) {
@@ -368,11 +366,17 @@ impl Task {
             };
             done.map_err(|source| self.store_error(store, source))?;
         }
-        if flush {
-            self.last_flush = Instant::now();
-        }
         self.count_committed();
         Ok(())
+    }
+
+    /// Whether the flush interval has passed since the RocksDB under the task's stores last
+    /// flushed. That RocksDB is shared by every task of the process and a flush covers them all,
+    /// so the process flushes once per interval, not once per task.
+    fn flush_due(&self) -> bool {
+        self.stores
+            .first()
+            .is_some_and(|s| s.logged.flushed_at().elapsed() >= self.flush_interval)
     }
 
     /// Whether the processor ran since the last commit.
@@ -392,14 +396,13 @@ impl Task {
     /// the records it covered, and flushes the stores' memtables when their flush interval has
     /// passed.
     pub(crate) fn transaction_committed(&mut self) -> Result<(), TaskError> {
-        if self.last_flush.elapsed() >= self.flush_interval {
+        if self.flush_due() {
             for store in &self.stores {
                 store
                     .logged
                     .flush()
                     .map_err(|source| self.store_error(store, source))?;
             }
-            self.last_flush = Instant::now();
         }
         self.count_committed();
         Ok(())

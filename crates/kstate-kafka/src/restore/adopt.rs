@@ -1,25 +1,29 @@
-//! Moving a store from the one-directory-per-store layout (`<task>/<store>/`, what kstate wrote
-//! first) into its column family of the task's RocksDB (`<task>/`), the first time the task
-//! opens with the new layout. Nothing is rebuilt from the changelog: the data, its position and
-//! every other metadata record are copied as they are, so a store whose changelog is gone
+//! Moving stores out of the layouts kstate wrote before, the first time a task opens with the
+//! newer one. Nothing is rebuilt from the changelog: the data, its position and every other
+//! metadata record are copied as they are, so a store whose changelog is gone
 //! (`LostChangelog::Reseed`) keeps its only copy.
+//! - [`adopt`]: a store of the one-directory-per-store layout (`<task>/<store>/`, the first)
+//!   into its column family of the task's RocksDB.
+//! - [`move_task_directory`]: a task's own RocksDB (`<task>/`, the second) into the task's part
+//!   of the RocksDB all the tasks of a process share.
 //!
-//! Crash safety, step by step:
-//! 1. The column family is cleared (a copy a crash interrupted), then the old store's entries
-//!    are ingested in key order as SST files.
-//! 2. Its metadata records (the position among them) are written, and the task's RocksDB is
-//!    flushed: only now does the column family hold a position.
+//! Crash safety, step by step, for each store:
+//! 1. The target is cleared (a copy a crash interrupted), then the old store's entries are
+//!    ingested in key order as SST files.
+//! 2. Its metadata records (the position among them) are written, and the target RocksDB is
+//!    flushed: only now does the target hold a position.
 //! 3. The old directory is wiped (renamed aside, then deleted).
 //!
-//! A crash before step 2 leaves a column family without metadata and the old directory intact:
-//! the next open copies again. A crash after it leaves the old directory beside a column family
-//! that holds metadata: the next open deletes the directory (it is never written again: kstate
-//! opens it only here).
+//! A crash before step 2 leaves a target without metadata and the old directory intact: the
+//! next open copies again. A crash after it leaves the old directory beside a target that holds
+//! metadata: the next open deletes the directory (it is never written again: kstate opens it
+//! only here). A task directory that still holds a store the application no longer declares is
+//! kept (with a warning), never deleted with that store in it.
 
 use std::path::Path;
 
 use kstate_core::KeyValueStore;
-use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore, TaskDb};
 
 use crate::error::ChangelogError;
 use crate::restore::wipe;
@@ -27,7 +31,7 @@ use crate::restore::wipe;
 /// Bytes of entries ingested as one SST file.
 const CHUNK_BYTES: usize = 64 << 20;
 
-/// Moves the store the older layout left at `old` (if any) into `store`.
+/// Moves the store the oldest layout left at `old` (if any) into `store`.
 pub(crate) fn adopt(
     store: &RocksDbStore,
     old: &Path,
@@ -42,6 +46,70 @@ pub(crate) fn adopt(
         return wipe::wipe(old);
     }
     let source = RocksDbStore::open(old, options)?;
+    let entries = copy(&source, store)?;
+    drop(source);
+    wipe::wipe(old)?;
+    tracing::info!(
+        path = %old.display(),
+        into = %store.path().display(),
+        entries,
+        "moved a store from its own directory into its task's RocksDB"
+    );
+    Ok(())
+}
+
+/// Moves the RocksDB of its own the task `into` had at its directory ([`TaskDb::path`]), if
+/// any, into `into`, a part of a shared RocksDB. Stores of the oldest layout inside that
+/// directory are adopted into it on the way.
+pub fn move_task_directory(into: &TaskDb, options: &RocksDbOptions) -> Result<(), ChangelogError> {
+    let old = into.path();
+    if !into.is_shared() {
+        return Ok(());
+    }
+    wipe::remove_leftover_copies(old);
+    if !old.join("CURRENT").is_file() {
+        return Ok(());
+    }
+    let source = TaskDb::open_existing(old, options)?;
+    let declared = into.stores();
+    let mut kept = Vec::new();
+    let mut entries = 0;
+    for name in source.stores() {
+        if !declared.contains(&name) {
+            kept.push(name);
+            continue;
+        }
+        let from = source.store(&name)?;
+        adopt(&from, &old.join(&name), options)?;
+        let target = into.store(&name)?;
+        if target.metadata_entries()?.is_empty() {
+            entries += copy(&from, &target)?;
+        }
+    }
+    drop(source);
+    if !kept.is_empty() {
+        tracing::warn!(
+            path = %old.display(),
+            stores = ?kept,
+            "kept a task's RocksDB directory: it holds stores the application no longer declares \
+             (its other stores were moved into the shared RocksDB); delete it by hand when they \
+             are not needed"
+        );
+        return Ok(());
+    }
+    wipe::wipe(old)?;
+    tracing::info!(
+        path = %old.display(),
+        into = %into.rocksdb_path().display(),
+        entries,
+        "moved a task's RocksDB into the RocksDB the process's tasks share"
+    );
+    Ok(())
+}
+
+/// Replaces everything in `store` with `source`'s entries and metadata records, then flushes;
+/// returns how many entries.
+fn copy(source: &RocksDbStore, store: &RocksDbStore) -> Result<u64, ChangelogError> {
     store.clear()?;
     let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut bytes = 0;
@@ -73,13 +141,5 @@ pub(crate) fn adopt(
         .collect();
     store.write_with_metadata(std::iter::empty(), &records)?;
     store.flush()?;
-    drop(source);
-    wipe::wipe(old)?;
-    tracing::info!(
-        path = %old.display(),
-        into = %store.path().display(),
-        entries,
-        "moved a store from its own directory into its task's RocksDB"
-    );
-    Ok(())
+    Ok(entries)
 }

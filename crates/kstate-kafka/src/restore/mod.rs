@@ -39,6 +39,7 @@ use crate::error::ChangelogError;
 use crate::position::ChangelogPosition;
 use crate::topic::TopicFacts;
 
+pub use adopt::move_task_directory;
 pub use clients::{PREFETCHED_END_TTL, RestoreClients};
 pub use location::StoreLocation;
 

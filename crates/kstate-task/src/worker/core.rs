@@ -150,6 +150,16 @@ impl Core {
 
     /// Starts restoring the tasks of `partitions`, as one batch: a restorer asks for the ends
     /// of all their changelogs at once before it restores the first of them.
+    /// Whether task `partition` has state in this process to resume from: a position in the
+    /// shared RocksDB, or a directory an older kstate left (moved in when the task opens). An
+    /// unreadable RocksDB counts as state: the restore reports what is wrong.
+    fn has_local_state(&self, partition: i32) -> bool {
+        let in_shared = u32::try_from(partition)
+            .map(|task| self.app.rocksdb.has_state(task).unwrap_or(true))
+            .unwrap_or(false);
+        in_shared || self.app.config.task_dir(partition).exists()
+    }
+
     fn start_restores(&mut self, partitions: &[i32]) {
         if partitions.is_empty() {
             return;
@@ -182,7 +192,7 @@ impl Core {
         let changelogs = |new_only: bool| {
             tasks
                 .iter()
-                .filter(|(partition, _)| !new_only || !config.task_dir(*partition).exists())
+                .filter(|(partition, _)| !new_only || !self.has_local_state(*partition))
                 .flat_map(|(_, stores)| stores.iter().map(|(_, c)| c.clone()))
                 .collect()
         };

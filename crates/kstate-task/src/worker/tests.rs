@@ -269,6 +269,7 @@ struct Harness {
     app: Arc<AppShared>,
     seen: Arc<Mutex<Seen>>,
     log: Arc<Mutex<PathLog>>,
+    _state: tempfile::TempDir,
 }
 
 fn harness(inputs: &[&str], guarantee: ProcessingGuarantee, policy: ErrorPolicy) -> Harness {
@@ -277,13 +278,22 @@ fn harness(inputs: &[&str], guarantee: ProcessingGuarantee, policy: ErrorPolicy)
         builder.input(*input);
     }
     builder.error_policy(policy);
+    let state = tempfile::tempdir().unwrap();
+    builder.state_dir(state.path());
     let config = builder.resolved().unwrap();
+    let rocksdb = kstate_rocksdb::SharedDb::open(
+        config.shared_db_dir(),
+        &[],
+        &kstate_rocksdb::RocksDbOptions::default(),
+    )
+    .unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));
     let for_factory = seen.clone();
     let app = Arc::new(AppShared::new(
         config,
         Arc::new(move |_| Box::new(Recorder(for_factory.clone()))),
         4,
+        rocksdb,
     ));
     let log = Arc::new(Mutex::new(PathLog::default()));
     let path: Box<dyn CommitPath> = match guarantee {
@@ -301,6 +311,7 @@ fn harness(inputs: &[&str], guarantee: ProcessingGuarantee, policy: ErrorPolicy)
         app,
         seen,
         log,
+        _state: state,
     }
 }
 
