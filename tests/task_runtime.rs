@@ -335,3 +335,31 @@ async fn inputs_that_are_not_co_partitioned_are_refused() -> anyhow::Result<()> 
     assert!(matches!(err, TaskError::InvalidConfig(_)), "{err}");
     Ok(())
 }
+
+/// Every task of an instance keeps its stores in one RocksDB under the state directory: a
+/// second instance on the same directory is refused at start, naming the directory, and the
+/// first runs on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_instance_on_the_same_state_directory_is_refused_naming_it() -> anyhow::Result<()>
+{
+    let s = setup(2).await?;
+    let dir = tempfile::tempdir()?;
+    let (first, _) = start(&s, dir.path(), 1, false)?;
+    let mut builder = App::builder(s.app_id.clone(), s.servers.clone());
+    builder.input(s.input.clone()).state_dir(dir.path());
+    let err = start_error(&builder)?;
+    assert!(matches!(err, TaskError::StateDb { .. }), "{err}");
+    let rocksdb = dir.path().join(&s.app_id).join("rocksdb");
+    assert!(
+        err.to_string().contains(&rocksdb.display().to_string()) && err.to_string().contains("already open"),
+        "{err}"
+    );
+    assert_eq!(
+        first.state(),
+        kstate::kstate_task::AppState::Running,
+        "the first instance runs on"
+    );
+    first.shutdown();
+    first.wait().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
