@@ -351,7 +351,8 @@ async fn a_second_instance_on_the_same_state_directory_is_refused_naming_it() ->
     assert!(matches!(err, TaskError::StateDb { .. }), "{err}");
     let rocksdb = dir.path().join(&s.app_id).join("rocksdb");
     assert!(
-        err.to_string().contains(&rocksdb.display().to_string()) && err.to_string().contains("already open"),
+        err.to_string().contains(&rocksdb.display().to_string())
+            && err.to_string().contains("already open"),
         "{err}"
     );
     assert_eq!(

@@ -61,8 +61,9 @@ pub fn wal_free_write_options() -> WriteOptions {
 }
 
 /// A RocksDB-backed [`KeyValueStore`] that never writes a WAL: a directory of its own
-/// ([`RocksDbStore::open`]), or one column family of a task's RocksDB
-/// ([`TaskDb::store`](crate::TaskDb::store)).
+/// ([`RocksDbStore::open`]), one column family of a task's RocksDB
+/// ([`TaskDb::store`](crate::TaskDb::store)), or a task's key range of one column family of a
+/// RocksDB many tasks share ([`SharedDb::task`](crate::SharedDb::task)).
 pub struct RocksDbStore {
     db: Arc<Db>,
     /// The column family of the data.
