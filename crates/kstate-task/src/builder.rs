@@ -145,9 +145,9 @@ impl AppBuilder {
 
     /// Where the stores live: every task's in one RocksDB at `<dir>/<app-id>/rocksdb/`, which
     /// one running instance of the application holds (a second instance on the same directory
-    /// fails to start, naming it: give each its own). Default: the system's temporary directory
-    /// + `kstate` (set it: a temporary directory may not survive a reboot, and then every restart
-    /// restores in full).
+    /// fails to start, naming it: give each its own). Default: `kstate` in the system's
+    /// temporary directory (set it: a temporary directory may not survive a reboot, and then
+    /// every restart restores in full).
     pub fn state_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
         self.config.state_dir = dir.into();
         self
