@@ -220,6 +220,17 @@ impl Db {
         })
     }
 
+    /// The names of the stores it has column families for, in name order.
+    pub(crate) fn store_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .families
+            .iter()
+            .filter_map(|f| f.strip_prefix(STORE_CF_PREFIX).map(str::to_string))
+            .collect();
+        names.sort();
+        names
+    }
+
     /// The write mark of the store in column family `cf` under key prefix `prefix`.
     pub(crate) fn store_mark(&self, cf: &str, prefix: &[u8]) -> Arc<AtomicU64> {
         kstate_core::sync::lock(&self.marks)

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use kstate_core::sync::lock;
 use rocksdb::{IteratorMode, ReadOptions};
 
-use crate::db::{Db, Layout, METADATA_CF, STORE_CF_PREFIX};
+use crate::db::{Db, Layout, METADATA_CF};
 use crate::error::OpenError;
 use crate::options::RocksDbOptions;
 use crate::task_db::{Part, TaskDb, store_families};
@@ -113,14 +113,7 @@ impl SharedDb {
 
     /// The store names it has column families for, in name order.
     pub fn stores(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .db
-            .families
-            .iter()
-            .filter_map(|f| f.strip_prefix(STORE_CF_PREFIX).map(str::to_string))
-            .collect();
-        names.sort();
-        names
+        self.db.store_names()
     }
 
     /// Task `task`'s stores, named in messages as `<path>/<store>` (`path`: where the task's

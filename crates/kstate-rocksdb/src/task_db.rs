@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use std::path::PathBuf;
 
-use crate::db::{Db, Layout, STORE_CF_PREFIX, store_cf};
+use crate::db::{Db, Layout, store_cf};
 use crate::error::OpenError;
 use crate::options::RocksDbOptions;
 use crate::shared_db::Lease;
@@ -155,14 +155,7 @@ impl TaskDb {
 
     /// The stores it holds, by name, in name order.
     pub fn stores(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .db
-            .families
-            .iter()
-            .filter_map(|f| f.strip_prefix(STORE_CF_PREFIX).map(str::to_string))
-            .collect();
-        names.sort();
-        names
+        self.db.store_names()
     }
 
     /// A handle on store `name`, which must have been named at [`open`](Self::open) (or be held
