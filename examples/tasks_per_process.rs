@@ -4,8 +4,8 @@
 //! state directory ("fresh"), stopped, and started again on the state it left ("restart", nothing
 //! to replay but the tail the last commit left). For each start it prints the time until every
 //! task is running (and, fresh, until every record is processed), the resident memory, threads,
-//! open file descriptors, RocksDB instances (store directories) and the budget's memtable and
-//! cache usage:
+//! open file descriptors, RocksDB instances (store directories), the budget's memtable and
+//! cache usage, and the threads by name (kstate's, RocksDB's, librdkafka's):
 //!
 //! ```text
 //! cargo run --release --example tasks_per_process -- --partitions 1000 [--stores 3] \
@@ -15,6 +15,7 @@
 //! tasks-open n=<N> start=restart running_s=<s>
 //! tasks-resources n=<N> start=<fresh|restart> rss_mb=<MB> threads=<n> fds=<n> rocksdb=<n> \
 //!     memtable_mb=<MB> cache_mb=<MB> budget_mb=<MB>
+//! tasks-threads n=<N> start=<fresh|restart> <thread name>=<n> ...
 //! tasks-close n=<N> start=<fresh|restart> close_s=<s>
 //! ```
 //!
@@ -247,6 +248,7 @@ impl Bench {
             mb(budget.cache_usage()),
             mb(budget.total_bytes()),
         );
+        println!("tasks-threads n={n} start={name} {}", thread_kinds()?);
         Ok(())
     }
 
@@ -290,6 +292,25 @@ fn proc_status(field: &str) -> Result<usize> {
         .nth(1)
         .context("no number")?
         .parse()?)
+}
+
+/// This process's threads by kind: each name (`/proc/self/task/*/comm`) without the numbers
+/// that tell threads of one kind apart, e.g. `kstate-restorer=4 rdk:broker=40`.
+fn thread_kinds() -> Result<String> {
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let comm = std::fs::read_to_string(entry?.path().join("comm")).unwrap_or_default();
+        let kind = comm
+            .trim()
+            .trim_end_matches(|c: char| c.is_ascii_digit() || c == '-')
+            .to_string();
+        *kinds.entry(kind).or_default() += 1;
+    }
+    Ok(kinds
+        .iter()
+        .map(|(kind, n)| format!("{kind}={n}"))
+        .collect::<Vec<_>>()
+        .join(" "))
 }
 
 fn rss_bytes() -> Result<usize> {

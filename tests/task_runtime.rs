@@ -364,3 +364,41 @@ async fn a_second_instance_on_the_same_state_directory_is_refused_naming_it() ->
     first.wait().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
+
+/// `wait` returns once the application's RocksDB is closed, not when the last handle to the
+/// application goes: a new instance starts on the same state directory while the old handle
+/// is still held, and resumes every task from what the old one flushed, replaying nothing.
+/// (A RocksDB left to close with the last handle could close in a thread the process does not
+/// wait for, while the process exits: RocksDB then aborts.)
+#[tokio::test(flavor = "multi_thread")]
+async fn wait_closes_the_rocksdb_before_it_returns() -> anyhow::Result<()> {
+    let s = setup(2).await?;
+    let dir = tempfile::tempdir()?;
+    let records = input(200, 10, s.partitions);
+    produce(&s.servers, &s.input, &records)?;
+    let (first, _) = start(&s, dir.path(), 1, false)?;
+    wait_for("every output", WAIT, || {
+        Ok(read_topic(&s.servers, &s.output, s.partitions)?.len() >= records.len())
+    })?;
+    first.shutdown();
+    first.wait()?;
+
+    let (second, counts) = start(&s, dir.path(), 1, false)?;
+    wait_for("all tasks running again", WAIT, || {
+        Ok(all_running(&second, 2))
+    })?;
+    for task in second.tasks() {
+        assert_eq!(task.restore.records, 0, "{} replayed records", task.task);
+    }
+    for (key, n) in true_counts(&records) {
+        let k: usize = std::str::from_utf8(&key[4..])?.parse()?;
+        assert_eq!(
+            second.query(&counts).get((k as i32) % s.partitions, &key)?,
+            Some(n)
+        );
+    }
+    second.shutdown();
+    second.wait()?;
+    drop(first);
+    Ok(())
+}

@@ -49,7 +49,7 @@ impl App {
             self.config,
             self.factory,
             partitions,
-            rocksdb,
+            rocksdb.clone(),
         ));
         let state = shared.state.subscribe();
         let mut handles = Vec::new();
@@ -60,7 +60,7 @@ impl App {
             let mut restorers = Vec::new();
             for r in 0..shared.config.restore_threads {
                 let options = shared.config.rocksdb.clone();
-                let rocksdb = shared.rocksdb.clone();
+                let rocksdb = rocksdb.clone();
                 let listener = shared.config.restore_listener.clone();
                 let (job_rx, done) = (job_rx.clone(), done.clone());
                 let name = format!("kstate-restorer-{index}-{r}");
@@ -211,7 +211,8 @@ impl Running {
 
     /// Blocks until every worker ended; returns the first failure (the one
     /// [`AppState::Failed`] holds). Call after [`shutdown`](Self::shutdown), or to run until a
-    /// failure.
+    /// failure. When it returns, the application's RocksDB is closed: another instance may open
+    /// the state directory, and the process may exit, while this handle is still held.
     pub fn wait(&self) -> Result<(), Arc<TaskError>> {
         let handles = std::mem::take(&mut *lock(&self.workers));
         for handle in handles {
@@ -219,6 +220,7 @@ impl Running {
             // the worker's own code cannot happen (the thread's body catches it).
             let _ = handle.join();
         }
+        self.shared.close_state_db();
         let mut failure = None;
         self.shared.state.send_if_modified(|s| match s {
             AppState::Failed(e) => {

@@ -1,8 +1,10 @@
 //! What the workers of one application share: its configuration, the processor factory, the
 //! task registry, and the application's state, which the workers report into.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use kstate_core::sync::lock;
 
 use kstate_rocksdb::SharedDb;
 
@@ -46,8 +48,9 @@ pub(crate) struct AppShared {
     /// The input topics' (common) partition count.
     pub(crate) partitions: i32,
     pub(crate) registry: Registry,
-    /// The RocksDB every task keeps its stores in.
-    pub(crate) rocksdb: SharedDb,
+    /// The RocksDB every task keeps its stores in; `None` once the application has ended
+    /// ([`close_state_db`](Self::close_state_db)).
+    rocksdb: Mutex<Option<SharedDb>>,
     stop: AtomicBool,
     pub(crate) state: tokio::sync::watch::Sender<AppState>,
 }
@@ -64,10 +67,25 @@ impl AppShared {
             factory,
             partitions,
             registry: Registry::default(),
-            rocksdb,
+            rocksdb: Mutex::new(Some(rocksdb)),
             stop: AtomicBool::new(false),
             state: tokio::sync::watch::channel(AppState::Running).0,
         }
+    }
+
+    /// The RocksDB every task keeps its stores in, or `None` once the application has ended.
+    pub(crate) fn state_db(&self) -> Option<SharedDb> {
+        lock(&self.rocksdb).clone()
+    }
+
+    /// Once every worker and restorer has ended: lets the RocksDB go, so that it closes (and
+    /// flushes what its memtables hold) in the thread that waited for the application, before
+    /// `wait` returns. Left to the last reference to the application, it could close in a
+    /// thread the process does not wait for, while the process exits and tears down what
+    /// RocksDB's background threads use ("pthread lock: Invalid argument", SIGABRT).
+    pub(crate) fn close_state_db(&self) {
+        let db = lock(&self.rocksdb).take();
+        drop(db);
     }
 
     pub(crate) fn stopping(&self) -> bool {

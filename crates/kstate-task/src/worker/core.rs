@@ -148,18 +148,21 @@ impl Core {
         self.start_restores(&complete);
     }
 
-    /// Starts restoring the tasks of `partitions`, as one batch: a restorer asks for the ends
-    /// of all their changelogs at once before it restores the first of them.
     /// Whether task `partition` has state in this process to resume from: a position in the
     /// shared RocksDB, or a directory an older kstate left (moved in when the task opens). An
-    /// unreadable RocksDB counts as state: the restore reports what is wrong.
+    /// unreadable (or already closed) RocksDB counts as state: the restore reports what is
+    /// wrong.
     fn has_local_state(&self, partition: i32) -> bool {
-        let in_shared = u32::try_from(partition)
-            .map(|task| self.app.rocksdb.has_state(task).unwrap_or(true))
-            .unwrap_or(false);
+        let in_shared = match (u32::try_from(partition), self.app.state_db()) {
+            (Ok(task), Some(db)) => db.has_state(task).unwrap_or(true),
+            (Ok(_), None) => true,
+            (Err(_), _) => false,
+        };
         in_shared || self.app.config.task_dir(partition).exists()
     }
 
+    /// Starts restoring the tasks of `partitions`, as one batch: a restorer asks for the ends
+    /// of all their changelogs at once before it restores the first of them.
     fn start_restores(&mut self, partitions: &[i32]) {
         if partitions.is_empty() {
             return;
