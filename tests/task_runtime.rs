@@ -88,6 +88,12 @@ fn input(n: usize, keys: usize, partitions: i32) -> Vec<(i32, Vec<u8>, Vec<u8>)>
         .collect()
 }
 
+/// The partition [`input`] sends `key` (`key-<k>`) to.
+fn partition_of(key: &[u8], partitions: i32) -> anyhow::Result<i32> {
+    let k: usize = std::str::from_utf8(&key[4..])?.parse()?;
+    Ok((k as i32) % partitions)
+}
+
 fn true_counts(records: &[(i32, Vec<u8>, Vec<u8>)]) -> BTreeMap<Vec<u8>, u64> {
     let mut counts = BTreeMap::new();
     for (_, key, _) in records {
@@ -122,14 +128,17 @@ async fn counts_every_record_once_and_a_clean_restart_replays_nothing() -> anyho
     assert_eq!(last_counts(&out), expected);
     // Outputs go to the input's partition, and every count of a key appears once.
     for (p, _, key, _) in &out {
-        let k: usize = std::str::from_utf8(&key[4..])?.parse()?;
-        assert_eq!(*p, (k as i32) % s.partitions, "output partition of {k}");
+        assert_eq!(
+            *p,
+            partition_of(key, s.partitions)?,
+            "output partition of {}",
+            String::from_utf8_lossy(key)
+        );
     }
     // The query API reads the owning task's store.
     wait_for("all tasks running", WAIT, || Ok(all_running(&running, 4)))?;
     for (key, n) in &expected {
-        let k: usize = std::str::from_utf8(&key[4..])?.parse()?;
-        let partition = (k as i32) % s.partitions;
+        let partition = partition_of(key, s.partitions)?;
         assert_eq!(running.query(&counts).get(partition, key)?, Some(*n));
     }
     running.shutdown();
@@ -150,9 +159,10 @@ async fn counts_every_record_once_and_a_clean_restart_replays_nothing() -> anyho
         );
     }
     let (key, n) = expected.iter().next().unwrap();
-    let k: usize = std::str::from_utf8(&key[4..])?.parse()?;
     assert_eq!(
-        running.query(&counts).get((k as i32) % s.partitions, key)?,
+        running
+            .query(&counts)
+            .get(partition_of(key, s.partitions)?, key)?,
         Some(*n)
     );
     running.shutdown();
@@ -391,11 +401,8 @@ async fn wait_closes_the_rocksdb_before_it_returns() -> anyhow::Result<()> {
         assert_eq!(task.restore.records, 0, "{} replayed records", task.task);
     }
     for (key, n) in true_counts(&records) {
-        let k: usize = std::str::from_utf8(&key[4..])?.parse()?;
-        assert_eq!(
-            second.query(&counts).get((k as i32) % s.partitions, &key)?,
-            Some(n)
-        );
+        let partition = partition_of(&key, s.partitions)?;
+        assert_eq!(second.query(&counts).get(partition, &key)?, Some(n));
     }
     second.shutdown();
     second.wait()?;
