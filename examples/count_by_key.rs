@@ -50,7 +50,7 @@ struct Args {
     output: String,
     state_dir: PathBuf,
     threads: usize,
-    /// Restorer threads per worker; the runtime's default when not given.
+    /// The process's restorer threads (shared by its workers); the runtime's default when not given.
     restore_threads: Option<usize>,
     commit_interval: Duration,
     coalesce: bool,

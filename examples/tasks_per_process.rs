@@ -9,15 +9,22 @@
 //!
 //! ```text
 //! cargo run --release --example tasks_per_process -- --partitions 1000 [--stores 3] \
-//!     [--records-per-partition 10] [--threads 2] [--restore-threads 2] \
-//!     [--bootstrap-servers HOST:PORT] [--log LEVEL]
+//!     [--records-per-partition 10] [--threads 2] [--restore-threads N] \
+//!     [--bootstrap-servers HOST:PORT] [--log LEVEL] [--floor]
 //! tasks-open n=<N> start=fresh running_s=<s> processed_s=<s>
 //! tasks-open n=<N> start=restart running_s=<s>
 //! tasks-resources n=<N> start=<fresh|restart> rss_mb=<MB> threads=<n> fds=<n> rocksdb=<n> \
 //!     memtable_mb=<MB> cache_mb=<MB> budget_mb=<MB>
 //! tasks-threads n=<N> start=<fresh|restart> <thread name>=<n> ...
 //! tasks-close n=<N> start=<fresh|restart> close_s=<s>
+//! tasks-floor n=<N> topics=<stores> create_s=<s> ends_s=<s>
 //! ```
+//!
+//! With `--floor` it measures only the broker's part of a fresh start, and prints `tasks-floor`:
+//! `--stores` compacted topics of N partitions created in one request, and the time until the
+//! end offsets of all their partitions can be listed (what a fresh start's restores wait for
+//! before a task runs). A fresh start on that broker cannot be faster than its `ends_s`. (A run
+//! of its own: the broker deletes the topics' files for a minute after.)
 //!
 //! The topics (input, output, changelogs), the consumer group and the state directory are
 //! deleted at the end.
@@ -36,6 +43,8 @@ use kstate::kstate_task::{
 };
 use kstate_bench::flags::Flags;
 use kstate_bench::kafka::{create_topic, delete_groups, delete_topics, producer, send};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -68,7 +77,8 @@ struct Bench {
     partitions: i32,
     stores: usize,
     threads: usize,
-    restore_threads: usize,
+    /// The process's restorer threads; the runtime's default when not given.
+    restore_threads: Option<usize>,
     /// How long a start may take before the run gives up.
     deadline: Duration,
     state_dir: tempfile::TempDir,
@@ -94,13 +104,20 @@ fn main() -> Result<()> {
         partitions,
         stores: flags.number("stores", Some(3))?,
         threads: flags.number("threads", Some(2))?,
-        restore_threads: flags.number("restore-threads", Some(2))?,
+        restore_threads: flags
+            .optional("restore-threads")
+            .map(str::parse)
+            .transpose()
+            .context("--restore-threads")?,
         deadline: Duration::from_secs(flags.number("deadline-s", Some(600))?),
         state_dir: tempfile::tempdir()?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if flags.switch("floor") {
+        return runtime.block_on(bench.broker_floor());
+    }
     let result = runtime.block_on(bench.setup(per_partition)).and_then(|()| {
         let rows = per_partition * partitions as u64;
         bench.start("fresh", Some(rows))?;
@@ -148,13 +165,74 @@ impl Bench {
         Ok(())
     }
 
+    /// Creates `stores` compacted topics of `partitions` partitions in one request, times it
+    /// and the wait until every partition's end offset can be listed, prints `tasks-floor` and
+    /// deletes the topics.
+    async fn broker_floor(&self) -> Result<()> {
+        let topics: Vec<String> = (0..self.stores)
+            .map(|s| format!("{}-floor-{s}", self.application_id))
+            .collect();
+        let admin: AdminClient<DefaultClientContext> = self.client.client_config().create()?;
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|t| {
+                NewTopic::new(t, self.partitions, TopicReplication::Fixed(1))
+                    .set("cleanup.policy", "compact")
+            })
+            .collect();
+        let started = Instant::now();
+        for result in admin.create_topics(&new, &AdminOptions::new()).await? {
+            result.map_err(|(t, e)| anyhow::anyhow!("create {t}: {e}"))?;
+        }
+        let created = started.elapsed();
+        let consumer: BaseConsumer = self.client.client_config().create()?;
+        let mut list = TopicPartitionList::new();
+        for topic in &topics {
+            for p in 0..self.partitions {
+                list.add_partition_offset(topic, p, Offset::End)?;
+            }
+        }
+        let wanted = list.count();
+        loop {
+            let listed = consumer
+                .offsets_for_times(list.clone(), Duration::from_secs(5))
+                .map_or(0, |ends| {
+                    ends.elements()
+                        .iter()
+                        .filter(|e| e.error().is_ok() && matches!(e.offset(), Offset::Offset(_)))
+                        .count()
+                });
+            if listed == wanted {
+                break;
+            }
+            ensure!(
+                started.elapsed() < self.deadline,
+                "the floor's topics: {listed} of {wanted} ends listed in {:?}",
+                self.deadline
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        println!(
+            "tasks-floor n={} topics={} create_s={:.2} ends_s={:.2}",
+            self.partitions,
+            topics.len(),
+            created.as_secs_f64(),
+            started.elapsed().as_secs_f64()
+        );
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        delete_topics(self.client.clone(), &names).await?;
+        Ok(())
+    }
+
     fn app(&self) -> Result<App> {
         let mut builder = App::builder(&self.application_id, self.client.clone());
         builder
             .input(&self.input)
             .state_dir(self.state_dir.path())
-            .threads(self.threads)
-            .restore_threads(self.restore_threads);
+            .threads(self.threads);
+        if let Some(n) = self.restore_threads {
+            builder.restore_threads(n);
+        }
         let stores: Vec<StoreHandle<Vec<u8>, u64>> = (0..self.stores)
             .map(|s| builder.store(format!("s{s}"), StoreOptions::default()))
             .collect();

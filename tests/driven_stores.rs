@@ -425,6 +425,58 @@ async fn prefetched_ends_serve_restores_and_one_older_than_the_store_is_asked_ag
     Ok(())
 }
 
+/// Sets of restore clients made sharing one cluster's clients (a task runtime's restorer
+/// threads) share what those learned: an end prefetched through one set serves a restore through
+/// another, which asks the broker for nothing of its own. The end is told apart from one the
+/// restore would ask for itself by records written after the prefetch, which it leaves out.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_end_prefetched_through_one_set_serves_a_restore_through_another_of_its_cluster()
+-> anyhow::Result<()> {
+    let topic = unique_topic("prefetch-shared");
+    let dir = tempfile::tempdir()?;
+    let config = two_partitions(&topic, 0)?;
+    let writer = LoggedStore::open(
+        dir.path().join("writer"),
+        &RocksDbOptions::default(),
+        config.clone(),
+    )?;
+    common::write_keys(&writer, 0..100)?;
+    writer.commit()?;
+    let prefetching = RestoreClients::new(&config)?;
+    let restoring = RestoreClients::sharing(prefetching.cluster().clone(), &config)?;
+    assert_eq!(prefetching.prefetch_ends(std::slice::from_ref(&config))?, 1);
+    common::write_keys(&writer, 100..150)?;
+    writer.close()?;
+    drop(writer);
+
+    let restored = RestoredStore::restore_with(
+        dir.path().join("fresh"),
+        &RocksDbOptions::default(),
+        config.clone(),
+        &OpenHooks::default(),
+        &restoring,
+    )?;
+    assert_eq!(
+        restored.report().start.end_offset,
+        100,
+        "the end prefetched through the other set"
+    );
+    restored.close()?;
+
+    // A set of another cluster's clients shares nothing, and is refused.
+    let elsewhere = ChangelogConfig::new(
+        kstate::kstate_kafka::ClientProperties::new("127.0.0.1:1"),
+        &topic,
+        0,
+    );
+    let refused = RestoreClients::sharing(prefetching.cluster().clone(), &elsewhere);
+    assert!(
+        matches!(refused, Err(ChangelogError::InvalidConfig { .. })),
+        "clients of another cluster are refused: {refused:?}"
+    );
+    Ok(())
+}
+
 /// A prefetched end also fills an empty store (a new task's): its restore replays up to that end
 /// with no round trip of its own. When another writer has gone past that end since, nothing of
 /// its records is lost to the store: its first write lands past where the restore ended, and the

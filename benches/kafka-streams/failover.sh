@@ -53,10 +53,11 @@
 # KAFKA_BOOTSTRAP_SERVERS (else scripts/kafka start), FAILOVER_MODE (takeover |
 # restart), FAILOVER_ROWS (4000000), FAILOVER_KEY_BYTES (512), FAILOVER_PARTITIONS (8),
 # SESSION_TIMEOUT_MS (6000), HEARTBEAT_MS (500), FAILOVER_RESTORE_THREADS (kstate's restorer
-# threads per worker; default: the runtime's, 2), FAILOVER_SYSTEMS (default "kafka-streams
-# kstate"; one of them prints no comparison), KS_JAVA_OPTS, KSTATE_BIN_DIR (default
-# $HOME/.cache/kstate-target/release/examples), KEEP_TOPICS=1, LOG_DIR (default a new temp dir,
-# kept; the state dirs under it are removed). Needs bash 5.1+ (`wait -n -p`) in restart mode.
+# threads, one pool per process; default: the runtime's, as many as workers and at least 2),
+# FAILOVER_SYSTEMS (default "kafka-streams kstate"; one of them prints no comparison),
+# KS_JAVA_OPTS, KSTATE_BIN_DIR (default $HOME/.cache/kstate-target/release/examples),
+# KEEP_TOPICS=1, LOG_DIR (default a new temp dir, kept; the state dirs under it are removed).
+# Needs bash 5.1+ (`wait -n -p`) in restart mode.
 set -euo pipefail
 
 SCRIPT_NAME=failover.sh

@@ -51,6 +51,6 @@ pub use position::{ChangelogPosition, FORMAT_VERSION};
 pub use producer::SharedProducer;
 pub use restore::{
     BatchRestored, CancelToken, OpenHooks, PREFETCHED_END_TTL, RESTORE_FETCH_SETTINGS, RecordCheck,
-    RestoreClients, RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation,
-    follow_changelog, move_task_directory,
+    RestoreClients, RestoreCluster, RestoreListener, RestoreReport, RestoreStart, RestoredStore,
+    StoreLocation, follow_changelog, move_task_directory,
 };

@@ -52,33 +52,34 @@ impl App {
             rocksdb.clone(),
         ));
         let state = shared.state.subscribe();
+        // One pool of restorer threads for every worker; it ends when every worker's job
+        // sender is gone.
+        let (jobs, job_rx) = std::sync::mpsc::channel();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let cluster = crate::restorer::SharedCluster::default();
         let mut handles = Vec::new();
+        for r in 0..shared.config.restore_threads() {
+            let options = shared.config.rocksdb.clone();
+            let rocksdb = rocksdb.clone();
+            let listener = shared.config.restore_listener.clone();
+            let (job_rx, cluster) = (job_rx.clone(), cluster.clone());
+            let name = format!("kstate-restorer-{r}");
+            let restorer = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || crate::restorer::run(job_rx, cluster, rocksdb, options, listener))
+                .map_err(|e| thread_error(name, e))?;
+            handles.push(restorer);
+        }
         for index in 0..shared.config.threads {
-            let (jobs, job_rx) = std::sync::mpsc::channel();
-            let (done, done_rx) = std::sync::mpsc::channel();
-            let job_rx = Arc::new(Mutex::new(job_rx));
-            let mut restorers = Vec::new();
-            for r in 0..shared.config.restore_threads {
-                let options = shared.config.rocksdb.clone();
-                let rocksdb = rocksdb.clone();
-                let listener = shared.config.restore_listener.clone();
-                let (job_rx, done) = (job_rx.clone(), done.clone());
-                let name = format!("kstate-restorer-{index}-{r}");
-                let restorer = std::thread::Builder::new()
-                    .name(name.clone())
-                    .spawn(move || crate::restorer::run(job_rx, done, rocksdb, options, listener))
-                    .map_err(|e| thread_error(name, e))?;
-                restorers.push(restorer);
-            }
-            drop(done);
             let app = shared.clone();
+            let jobs = jobs.clone();
             let worker = std::thread::Builder::new()
                 .name(format!("kstate-worker-{index}"))
                 .spawn(move || {
                     // A processor's panic is caught where it is called; this is for the
                     // runtime's own.
                     let run = std::panic::AssertUnwindSafe(|| {
-                        crate::worker::run(index, app.clone(), done_rx, jobs)
+                        crate::worker::run(index, app.clone(), jobs)
                     });
                     let result = std::panic::catch_unwind(run).unwrap_or_else(|payload| {
                         Err(TaskError::Thread {
@@ -90,16 +91,11 @@ impl App {
                         // One failed worker stops the application: a restart restores.
                         app.failed(Arc::new(e));
                     }
-                    // The worker dropped its job sender: each restorer ends after its job.
-                    for restorer in restorers {
-                        if restorer.join().is_err() {
-                            tracing::error!(worker = index, "a restorer thread panicked");
-                        }
-                    }
                 })
                 .map_err(|e| thread_error(format!("kstate-worker-{index}"), e))?;
             handles.push(worker);
         }
+        drop(jobs);
         tracing::info!(
             application_id = %shared.config.application_id,
             threads = shared.config.threads,
@@ -109,7 +105,7 @@ impl App {
         );
         Ok(Running {
             shared,
-            workers: Mutex::new(handles),
+            threads: Mutex::new(handles),
             state,
         })
     }
@@ -171,7 +167,8 @@ fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
 /// A running application.
 pub struct Running {
     shared: Arc<AppShared>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    /// The workers' and the restorers' threads.
+    threads: Mutex<Vec<JoinHandle<()>>>,
     state: tokio::sync::watch::Receiver<AppState>,
 }
 
@@ -214,11 +211,14 @@ impl Running {
     /// failure. When it returns, the application's RocksDB is closed: another instance may open
     /// the state directory, and the process may exit, while this handle is still held.
     pub fn wait(&self) -> Result<(), Arc<TaskError>> {
-        let handles = std::mem::take(&mut *lock(&self.workers));
+        let handles = std::mem::take(&mut *lock(&self.threads));
         for handle in handles {
             // A worker reports its failure into the state before it ends; a panic outside
-            // the worker's own code cannot happen (the thread's body catches it).
-            let _ = handle.join();
+            // the worker's own code cannot happen (the thread's body catches it). A restorer
+            // catches its jobs' panics, and ends after its job once every worker has.
+            if handle.join().is_err() {
+                tracing::error!("a restorer thread panicked");
+            }
         }
         self.shared.close_state_db();
         let mut failure = None;

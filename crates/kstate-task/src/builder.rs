@@ -64,7 +64,7 @@ impl AppBuilder {
                 inputs: Vec::new(),
                 state_dir: std::env::temp_dir().join("kstate"),
                 threads: 1,
-                restore_threads: 2,
+                restore_threads: None,
                 commit_interval: Duration::from_millis(100),
                 replication_factor: 1,
                 group_protocol: GroupProtocol::CooperativeSticky,
@@ -159,12 +159,13 @@ impl AppBuilder {
         self
     }
 
-    /// Restorer threads per worker: how many of a worker's new tasks restore at once. Default 2.
-    /// A restore with little to replay mostly waits for the broker, so a few side by side ready
-    /// a large assignment (a start, a failover) several times sooner; each thread keeps its own
-    /// Kafka clients. At least 1.
+    /// Restorer threads of the process, shared by its workers: how many new tasks restore at
+    /// once. Default: as many as [`threads`](Self::threads), at least 2. A restore with little
+    /// to replay mostly waits for the broker, so a few side by side ready a large assignment (a
+    /// start, a failover) several times sooner; each thread keeps its own Kafka clients (a
+    /// replaying consumer, a metadata client and an admin client). At least 1.
     pub fn restore_threads(&mut self, n: usize) -> &mut Self {
-        self.config.restore_threads = n.max(1);
+        self.config.restore_threads = Some(n.max(1));
         self
     }
 

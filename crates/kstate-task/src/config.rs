@@ -180,8 +180,8 @@ pub(crate) struct AppConfig {
     pub(crate) inputs: Vec<String>,
     pub(crate) state_dir: PathBuf,
     pub(crate) threads: usize,
-    /// Restorer threads per worker.
-    pub(crate) restore_threads: usize,
+    /// The process's restorer threads, if set ([`AppConfig::restore_threads`]).
+    pub(crate) restore_threads: Option<usize>,
     pub(crate) commit_interval: Duration,
     pub(crate) replication_factor: i32,
     /// Resolved at build: never cooperative-sticky with several inputs.
@@ -271,6 +271,12 @@ impl AppConfig {
     pub(crate) fn group_instance_id(&self, index: usize) -> Option<String> {
         self.static_membership
             .then(|| format!("{}-{}-{index}", self.application_id, self.instance_id))
+    }
+
+    /// The process's restorer threads: as set, else as many as workers, at least 2 (so that the
+    /// tasks a failover moves restore side by side even with one worker).
+    pub(crate) fn restore_threads(&self) -> usize {
+        self.restore_threads.unwrap_or(self.threads.max(2))
     }
 
     /// `<state-dir>/<app-id>/rocksdb`: the RocksDB every task of the process keeps its stores

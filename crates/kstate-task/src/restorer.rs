@@ -1,24 +1,29 @@
-//! The restorer threads of a worker: they restore the stores of newly assigned tasks while the
-//! worker keeps polling and processing its ready tasks (Kafka Streams' state updater). A restore
-//! that takes minutes never holds up the consumer's poll loop, so it never costs the group
+//! The restorer threads of a process: they restore the stores of newly assigned tasks while the
+//! workers keep polling and processing their ready tasks (Kafka Streams' state updater). A
+//! restore that takes minutes never holds up a consumer's poll loop, so it never costs the group
 //! membership (`max.poll.interval.ms`).
 //!
 //! One job per task, in assignment order; a revoked task's job is cancelled through its token.
-//! A worker has [`AppBuilder::restore_threads`](crate::AppBuilder::restore_threads) restorer
-//! threads (default 2) on one job channel, so that the tasks of a new assignment restore side by
-//! side: a restore with nothing to replay is mostly waiting for the broker (its topic check and
-//! end offsets), and a failover that moves several tasks no longer readies them one after
-//! another.
+//! The process has [`AppBuilder::restore_threads`](crate::AppBuilder::restore_threads) restorer
+//! threads (default: as many as workers, at least 2) on one job channel that every worker sends
+//! to, each job carrying the channel its answer goes back on. So the tasks of a new assignment
+//! restore side by side (a restore with nothing to replay is mostly waiting for the broker: its
+//! topic check and end offsets), a failover that moves several tasks to one worker readies them
+//! on every restorer, and the threads and Kafka clients restores cost do not grow with the
+//! workers beyond that default.
 //! A job that panics (a user's [`RestoreListener`] can) answers with [`TaskError::Thread`]: the
-//! worker never waits for an answer that cannot come.
+//! worker never waits for an answer that cannot come. The answer to a worker that has ended is
+//! dropped; the pool ends when every worker has (the job channel closes).
 //! Each thread keeps one set of Kafka clients for all its restores ([`RestoreClients`]): a cold
 //! set costs about a second per store, which a failover that moves many tasks would pay for each.
+//! The threads' sets share one metadata and one admin client ([`RestoreCluster`]), so each
+//! thread adds one replaying consumer, and the ends one thread prefetched serve them all.
 //! A job opens the task's part of the RocksDB the process's tasks share ([`SharedDb::task`])
 //! once and restores its stores into it one after another; a task's RocksDB of its own that an
 //! older kstate left at the task's directory is moved into it first
 //! ([`move_task_directory`]).
-//! The jobs of one assignment share a [`Batch`]: before the first of them, a thread asks for the
-//! ends of all the batch's changelogs in three requests ([`RestoreClients::prefetch_ends`]), so
+//! The jobs of one assignment share a [`Batch`]: before the first of them, one thread asks for
+//! the ends of all the batch's changelogs in three requests (the others wait for it) ([`RestoreClients::prefetch_ends`]), so
 //! that a task with nothing to replay opens with no broker round trip of its own (four per store
 //! before: most of a 1,000-task restart's broker time, BENCHMARKS.md). First it creates the
 //! missing changelog topics of the batch's new tasks (no local state, so no stored position),
@@ -33,7 +38,7 @@ use std::time::{Duration, Instant};
 use kstate_core::sync::lock;
 use kstate_kafka::{
     BatchRestored, CancelToken, ChangelogConfig, ChangelogError, OpenHooks, RestoreClients,
-    RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation,
+    RestoreCluster, RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation,
     move_task_directory,
 };
 use kstate_rocksdb::{OpenError, RocksDbOptions, SharedDb, TaskDb};
@@ -56,20 +61,22 @@ pub(crate) struct Job {
     pub(crate) batch: Arc<Batch>,
     pub(crate) cancel: CancelToken,
     pub(crate) progress: Arc<Progress>,
+    /// Where the answer goes: the worker that sent the job.
+    pub(crate) reply: Sender<Done>,
 }
 
 /// The tasks one assignment handed a worker: before a restorer thread restores the first of them
 /// it asks for the ends of all their changelogs at once ([`RestoreClients::prefetch_ends`]), so
 /// that a task with nothing to replay opens without a round trip to the broker of its own.
 pub(crate) struct Batch {
-    /// Tells one batch from the next.
-    pub(crate) id: u64,
     /// The changelog of every store of every task of the batch.
     pub(crate) changelogs: Vec<ChangelogConfig>,
     /// The changelogs of the batch's tasks that have no local state (no position stored):
     /// their stores hold no position, so their missing topics are created before the restores,
     /// all in one request ([`RestoreClients::create_missing_topics`]).
     pub(crate) of_new_tasks: Vec<ChangelogConfig>,
+    /// Whether the ends were prefetched (held while one thread prefetches them).
+    pub(crate) prefetched: Mutex<bool>,
 }
 
 /// A finished job: the restored stores, or why not.
@@ -146,27 +153,50 @@ fn open_task_db(
     }
 }
 
-/// The clients for `config`: those kept, if they suit it, else new ones.
-#[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
-fn clients_for<'a>(
-    config: &ChangelogConfig,
-    clients: &'a mut Option<RestoreClients>,
-) -> Result<&'a RestoreClients, ChangelogError> {
-    clients.take_if(|c| !c.suits(config));
-    Ok(match clients {
-        Some(c) => c,
-        None => clients.insert(RestoreClients::new(config)?),
-    })
+/// What a process's restorer threads share: the clients of their cluster, made by the first
+/// thread that needs them.
+pub(crate) type SharedCluster = Arc<Mutex<Option<Arc<RestoreCluster>>>>;
+
+/// A restorer thread's Kafka clients: its own replaying consumer, with the clients every thread
+/// shares.
+struct ThreadClients {
+    own: Option<RestoreClients>,
+    shared: SharedCluster,
+}
+
+impl ThreadClients {
+    /// The clients for `config`: those kept, if they suit it, else a new replaying consumer
+    /// with the shared clients (new ones too, if those do not suit it).
+    #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
+    fn for_config(&mut self, config: &ChangelogConfig) -> Result<&RestoreClients, ChangelogError> {
+        self.own.take_if(|c| !c.suits(config));
+        Ok(match &mut self.own {
+            Some(c) => c,
+            own @ None => {
+                let cluster = {
+                    let mut shared = lock(&self.shared);
+                    shared.take_if(|c| !c.suits(config));
+                    match &*shared {
+                        Some(c) => c.clone(),
+                        None => shared
+                            .insert(Arc::new(RestoreCluster::new(config)?))
+                            .clone(),
+                    }
+                };
+                own.insert(RestoreClients::sharing(cluster, config)?)
+            }
+        })
+    }
 }
 
 /// Asks for the ends of the batch's changelogs at once. Only a shortcut: a failure leaves each
 /// restore to ask for its own.
-fn prefetch(batch: &Batch, clients: &mut Option<RestoreClients>) {
+fn prefetch(batch: &Batch, clients: &mut ThreadClients) {
     let Some(first) = batch.changelogs.first() else {
         return;
     };
     let started = Instant::now();
-    let clients = match clients_for(first, clients) {
+    let clients = match clients.for_config(first) {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(error = %e, "no restore clients to prefetch with; each restore asks for its own");
@@ -248,9 +278,9 @@ fn restore_one(
     options: &RocksDbOptions,
     config: ChangelogConfig,
     hooks: &OpenHooks,
-    clients: &mut Option<RestoreClients>,
+    clients: &mut ThreadClients,
 ) -> Result<RestoredStore, ChangelogError> {
-    let clients = clients_for(&config, clients)?;
+    let clients = clients.for_config(&config)?;
     let location = StoreLocation::InTask {
         db: db.clone(),
         name: name.to_string(),
@@ -258,18 +288,16 @@ fn restore_one(
     RestoredStore::restore_with(location, options, config, hooks, clients)
 }
 
-/// Runs jobs until the job channel closes. Several restorer threads of one worker share its
-/// channel: each takes the next job when it is free.
+/// Runs jobs until the job channel closes. The process's restorer threads share it: each takes
+/// the next job, whichever worker sent it, when it is free.
 pub(crate) fn run(
     jobs: Arc<Mutex<Receiver<Job>>>,
-    done: Sender<Done>,
+    shared: SharedCluster,
     db: SharedDb,
     options: RocksDbOptions,
     listener: Option<Arc<dyn RestoreListener>>,
 ) {
-    let mut clients = None;
-    // The last batch whose ends these clients prefetched.
-    let mut prefetched = None;
+    let mut clients = ThreadClients { own: None, shared };
     loop {
         // The lock is held only while waiting for a job, never while restoring.
         let next = lock(&jobs).recv();
@@ -279,21 +307,13 @@ pub(crate) fn run(
         if job.cancel.is_cancelled() {
             continue;
         }
-        let (id, task) = (job.id, job.task);
+        let (id, task, reply) = (job.id, job.task, job.reply.clone());
         let restored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            restore_job(
-                job,
-                &db,
-                &options,
-                listener.as_ref(),
-                &mut clients,
-                &mut prefetched,
-            )
+            restore_job(job, &db, &options, listener.as_ref(), &mut clients)
         }));
         let result = restored.unwrap_or_else(|payload| {
             // The clients may be in any state: the next job makes new ones.
-            clients = None;
-            prefetched = None;
+            clients.own = None;
             Err(TaskError::Thread {
                 name: std::thread::current()
                     .name()
@@ -305,9 +325,8 @@ pub(crate) fn run(
                 ),
             })
         });
-        if done.send(Done { id, task, result }).is_err() {
-            return;
-        }
+        // A worker that has ended no longer listens: its task is the next owner's.
+        let _ = reply.send(Done { id, task, result });
     }
 }
 
@@ -317,14 +336,17 @@ fn restore_job(
     db: &SharedDb,
     options: &RocksDbOptions,
     listener: Option<&Arc<dyn RestoreListener>>,
-    clients: &mut Option<RestoreClients>,
-    prefetched: &mut Option<u64>,
+    clients: &mut ThreadClients,
 ) -> Result<Vec<RestoredStore>, TaskError> {
     let span = tracing::info_span!("restore_task", partition = job.task.partition);
     let _entered = span.enter();
-    if *prefetched != Some(job.batch.id) {
-        *prefetched = Some(job.batch.id);
-        prefetch(&job.batch, clients);
+    {
+        // The other threads' jobs of this batch wait here for its ends.
+        let mut prefetched = lock(&job.batch.prefetched);
+        if !*prefetched {
+            prefetch(&job.batch, clients);
+            *prefetched = true;
+        }
     }
     let hooks = OpenHooks {
         listener: Some(match listener {
@@ -348,7 +370,7 @@ fn restore_stores(
     stores: Vec<(String, ChangelogConfig)>,
     options: &RocksDbOptions,
     hooks: &OpenHooks,
-    clients: &mut Option<RestoreClients>,
+    clients: &mut ThreadClients,
 ) -> Result<Vec<RestoredStore>, ChangelogError> {
     let cancel = hooks.cancel.clone().unwrap_or_default();
     let db = open_task_db(shared, task, dir, options, &cancel)?;

@@ -9,6 +9,11 @@
 //! keeps one set and hands it to each restore ([`RestoredStore::restore_with`]); a standalone
 //! open makes a set for itself.
 //!
+//! Concurrent restores (a task runtime's restorer threads) each need a replaying consumer of
+//! their own, but can share the rest: a set made [`RestoreClients::sharing`] one
+//! [`RestoreCluster`] adds only a consumer, and finds the topic checks and prefetched ends any
+//! set of that cluster made.
+//!
 //! The replaying consumer is unassigned when a restore ends, however it ends; librdkafka drops
 //! messages of a removed assignment, so the next restore reads only its own partition.
 //!
@@ -28,7 +33,7 @@
 //! alone.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kstate_core::sync::lock;
@@ -47,16 +52,25 @@ use crate::error::ChangelogError;
 use crate::topic::{CheckedTopic, TopicFacts, create_topics, ensure_topic, kafka};
 
 /// The clients of restores against one cluster (the same bootstrap servers and client
-/// properties). Not for concurrent restores: one restore at a time uses a set.
+/// properties). Not for concurrent restores: one restore at a time uses a set. Sets made
+/// [`sharing`](Self::sharing) one [`RestoreCluster`] differ only in their replaying consumer.
 pub struct RestoreClients {
+    cluster: Arc<RestoreCluster>,
+    /// `read_committed`: replays.
+    pub(crate) consumer: BaseConsumer,
+}
+
+/// The part of [`RestoreClients`] that concurrent restores share: a metadata client, an admin
+/// client, and what they learned (topics found as required, ends asked for ahead). A process's
+/// restorer threads share one, so that they cost one replaying consumer each and not three
+/// clients, and an end one of them prefetched serves a restore on any of them.
+pub struct RestoreCluster {
     client: ClientProperties,
     /// `read_uncommitted`: metadata and the high watermark. The first contact with the cluster,
     /// so it watches for authentication and TLS failures (see [`ConnectionWatch`]).
-    pub(crate) probe: BaseConsumer<ConnectionWatch>,
+    probe: BaseConsumer<ConnectionWatch>,
     /// Creates the topic, reads its settings.
-    pub(crate) admin: AdminClient<DefaultClientContext>,
-    /// `read_committed`: replays.
-    pub(crate) consumer: BaseConsumer,
+    admin: AdminClient<DefaultClientContext>,
     /// Topics found as their configurations require, and when.
     checked: Mutex<HashMap<TopicCheck, (Instant, CheckedTopic)>>,
     /// Ends asked for ahead of their restores, and when.
@@ -102,13 +116,21 @@ impl TopicCheck {
 impl std::fmt::Debug for RestoreClients {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RestoreClients")
+            .field("client", &self.cluster.client)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for RestoreCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoreCluster")
             .field("client", &self.client)
             .finish_non_exhaustive()
     }
 }
 
-impl RestoreClients {
-    /// Clients for the cluster `config` names, with its client properties.
+impl RestoreCluster {
+    /// The shared clients for the cluster `config` names, with its client properties.
     pub fn new(config: &ChangelogConfig) -> Result<Self, ChangelogError> {
         let client = &config.client;
         let failed = |operation, source| kafka(config, operation, client.redact_error(source));
@@ -121,6 +143,45 @@ impl RestoreClients {
             .client_config()
             .create()
             .map_err(|source| failed("create admin client", source))?;
+        Ok(RestoreCluster {
+            client: client.clone(),
+            probe,
+            admin,
+            checked: Mutex::default(),
+            ends: Mutex::default(),
+        })
+    }
+
+    /// Whether these clients talk to the cluster `config` names, as `config` would.
+    pub fn suits(&self, config: &ChangelogConfig) -> bool {
+        self.client == config.client
+    }
+}
+
+impl RestoreClients {
+    /// Clients for the cluster `config` names, with its client properties.
+    pub fn new(config: &ChangelogConfig) -> Result<Self, ChangelogError> {
+        Self::sharing(Arc::new(RestoreCluster::new(config)?), config)
+    }
+
+    /// A set that shares `cluster`'s clients and what they learned, with a replaying consumer
+    /// of its own. `cluster` must [suit](RestoreCluster::suits) `config`: an
+    /// [`InvalidConfig`](ChangelogError::InvalidConfig) error otherwise.
+    pub fn sharing(
+        cluster: Arc<RestoreCluster>,
+        config: &ChangelogConfig,
+    ) -> Result<Self, ChangelogError> {
+        if !cluster.suits(config) {
+            return Err(ChangelogError::InvalidConfig {
+                topic: config.topic.clone(),
+                message: format!(
+                    "the shared restore clients were made for another cluster or other client \
+                     properties ({cluster:?}); the changelog's are {:?}",
+                    config.client
+                ),
+            });
+        }
+        let client = &config.client;
         let mut consumer = client.client_config();
         for (key, value) in RESTORE_FETCH_SETTINGS {
             consumer.set(*key, *value);
@@ -134,15 +195,24 @@ impl RestoreClients {
             // skipping records silently; the next open then sees the truncation and rebuilds.
             .set("auto.offset.reset", "error")
             .create()
-            .map_err(|source| failed("create restore consumer", source))?;
-        Ok(RestoreClients {
-            client: client.clone(),
-            probe,
-            admin,
-            consumer,
-            checked: Mutex::default(),
-            ends: Mutex::default(),
-        })
+            .map_err(|source| {
+                kafka(
+                    config,
+                    "create restore consumer",
+                    client.redact_error(source),
+                )
+            })?;
+        Ok(RestoreClients { cluster, consumer })
+    }
+
+    /// The clients and knowledge this set shares with others.
+    pub fn cluster(&self) -> &Arc<RestoreCluster> {
+        &self.cluster
+    }
+
+    /// The `read_uncommitted` metadata client.
+    pub(crate) fn probe(&self) -> &BaseConsumer<ConnectionWatch> {
+        &self.cluster.probe
     }
 
     /// Creates the topics of `changelogs` that do not exist yet, all in one request, and checks
@@ -175,7 +245,7 @@ impl RestoreClients {
                 missing.push(config);
             }
         }
-        create_topics(&missing, &self.admin)?;
+        create_topics(&missing, &self.cluster.admin)?;
         for config in &missing {
             // Verifies (waiting for the new topic's metadata) and remembers it; `create` only
             // in case its metadata does not show it yet, which creating again finds existing.
@@ -214,13 +284,13 @@ impl RestoreClients {
         let at = Instant::now();
         let ends = capture_ends(
             &partitions,
-            &self.probe,
+            &self.cluster.probe,
             &self.consumer,
             first.open_timeout.min(PREFETCH_TIMEOUT),
         )
         .map_err(|source| kafka(first, "prefetch end offsets", source))?;
         let found = ends.len();
-        let mut known = lock(&self.ends);
+        let mut known = lock(&self.cluster.ends);
         known.retain(|_, (when, _)| when.elapsed() < PREFETCHED_END_TTL);
         known.extend(ends.into_iter().map(|(key, end)| (key, (at, end))));
         Ok(found)
@@ -229,7 +299,7 @@ impl RestoreClients {
     /// The prefetched end of `config`'s partition, if one younger than [`PREFETCHED_END_TTL`]
     /// is here; it serves one restore only.
     pub(crate) fn take_prefetched_end(&self, config: &ChangelogConfig) -> Option<Watermarks> {
-        let mut known = lock(&self.ends);
+        let mut known = lock(&self.cluster.ends);
         let (at, end) = known.remove(&(config.topic.clone(), config.partition))?;
         (at.elapsed() < PREFETCHED_END_TTL).then_some(end)
     }
@@ -237,7 +307,7 @@ impl RestoreClients {
     /// What a check of `config`'s topic found less than [`TOPIC_CHECK_TTL`] ago, if its
     /// partition is there with enough replicas.
     pub(crate) fn checked(&self, config: &ChangelogConfig) -> Option<TopicFacts> {
-        let checked = lock(&self.checked);
+        let checked = lock(&self.cluster.checked);
         let (at, topic) = checked.get(&TopicCheck::of(config))?;
         let fits =
             config.partition < topic.partitions && topic.min_replicas >= config.replication_factor;
@@ -252,17 +322,18 @@ impl RestoreClients {
         config: &ChangelogConfig,
         create: bool,
     ) -> Result<Option<TopicFacts>, ChangelogError> {
-        let Some(checked) = ensure_topic(config, &self.probe, &self.admin, create)? else {
+        let Some(checked) = ensure_topic(config, &self.cluster.probe, &self.cluster.admin, create)?
+        else {
             return Ok(None);
         };
         let facts = checked.facts.clone();
-        lock(&self.checked).insert(TopicCheck::of(config), (Instant::now(), checked));
+        lock(&self.cluster.checked).insert(TopicCheck::of(config), (Instant::now(), checked));
         Ok(Some(facts))
     }
 
     /// Whether these clients talk to the cluster `config` names, as `config` would.
     pub fn suits(&self, config: &ChangelogConfig) -> bool {
-        self.client == config.client
+        self.cluster.suits(config)
     }
 }
 

@@ -40,7 +40,7 @@ use crate::position::ChangelogPosition;
 use crate::topic::TopicFacts;
 
 pub use adopt::move_task_directory;
-pub use clients::{PREFETCHED_END_TTL, RestoreClients};
+pub use clients::{PREFETCHED_END_TTL, RestoreClients, RestoreCluster};
 pub use location::StoreLocation;
 
 /// The restore consumer's fetch settings, measured on 1,000,000-record restores (BENCHMARKS.md).
@@ -280,7 +280,11 @@ fn check_and_capture(
     let facts = clients.ensure_topic(config, create)?;
     let started = Instant::now();
     let watermarks = match facts {
-        Some(_) => Some(end::capture_end(config, &clients.probe, &clients.consumer)?),
+        Some(_) => Some(end::capture_end(
+            config,
+            clients.probe(),
+            &clients.consumer,
+        )?),
         None => None,
     };
     Ok((facts, watermarks, started))
@@ -299,7 +303,7 @@ fn capture_now(
     let Some(facts) = clients.checked(config) else {
         return check_and_capture(config, clients, create);
     };
-    match end::capture_end(config, &clients.probe, &clients.consumer) {
+    match end::capture_end(config, clients.probe(), &clients.consumer) {
         Ok(watermarks) => Ok((Some(facts), Some(watermarks), started)),
         // What a recent check found is out of date (the topic deleted since?): check again.
         Err(e) => {

@@ -5,8 +5,8 @@
 //! unit test without a broker (`worker::tests`).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kstate_kafka::{CancelToken, ChangelogConfig};
@@ -65,9 +65,11 @@ pub(crate) struct Core {
     app: Arc<AppShared>,
     path: Box<dyn CommitPath>,
     pub(crate) slots: Slots,
-    /// Restore jobs go to the worker's restorer; `None` once the worker ends (the restorer
-    /// ends when the channel closes).
+    /// Restore jobs go to the process's restorer threads; `None` once the worker ends (they end
+    /// when every worker's sender is gone).
     jobs: Option<Sender<Job>>,
+    /// Where the restorers answer this worker's jobs.
+    reply: Sender<Done>,
     next_job: u64,
     pub(crate) health: Health,
     losses: ProducerLosses,
@@ -88,6 +90,7 @@ impl Core {
         app: Arc<AppShared>,
         path: Box<dyn CommitPath>,
         jobs: Sender<Job>,
+        reply: Sender<Done>,
     ) -> Self {
         Core {
             index,
@@ -95,6 +98,7 @@ impl Core {
             app,
             path,
             jobs: Some(jobs),
+            reply,
             next_job: 0,
             health: Health::Ok,
             losses: ProducerLosses::default(),
@@ -200,10 +204,9 @@ impl Core {
                 .collect()
         };
         let batch = Arc::new(Batch {
-            // The id of its first job: a batch id is never used twice.
-            id: self.next_job + 1,
             changelogs: changelogs(false),
             of_new_tasks: changelogs(true),
+            prefetched: Mutex::new(false),
         });
         for (partition, stores) in tasks {
             let progress = Arc::new(Progress::new());
@@ -217,6 +220,7 @@ impl Core {
                 batch: batch.clone(),
                 cancel: cancel.clone(),
                 progress: progress.clone(),
+                reply: self.reply.clone(),
             };
             self.slots
                 .begin_restore(partition, self.next_job, cancel, progress);
@@ -226,8 +230,8 @@ impl Core {
                 .is_some_and(|jobs| jobs.send(job).is_ok());
             if !sent {
                 self.fail(TaskError::Thread {
-                    name: format!("kstate-restorer-{}", self.index),
-                    message: "the restorer thread stopped".into(),
+                    name: "kstate-restorer".into(),
+                    message: "the restorer threads stopped".into(),
                 });
                 return;
             }
@@ -838,7 +842,8 @@ impl Core {
         }
     }
 
-    /// The worker ends: no more restores, and each of its restorer threads ends after its job.
+    /// The worker ends: no more restores (the restorer threads end after their jobs once every
+    /// worker has).
     pub(crate) fn stop_restorer(&mut self) {
         self.jobs = None;
     }

@@ -53,7 +53,7 @@ pub(crate) mod slots;
 #[cfg(test)]
 mod tests;
 
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -74,18 +74,14 @@ use self::core::Core;
 type WorkerConsumer = BaseConsumer<WorkerContext>;
 
 /// Runs worker `index` until the application shuts down or the worker fails.
-pub(crate) fn run(
-    index: usize,
-    app: Arc<AppShared>,
-    done: Receiver<Done>,
-    jobs: Sender<Job>,
-) -> Result<(), TaskError> {
+pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Result<(), TaskError> {
     let config = &app.config;
     // Under exactly-once, before the consumer subscribes: creating the transactional producer
     // fences this worker's previous incarnation and aborts its open transaction, which must not
     // hold any restore of ours back.
     let path = commit::for_config(config, index)?;
-    let state = Arc::new(Mutex::new(Core::new(index, app.clone(), path, jobs)));
+    let (reply, done) = std::sync::mpsc::channel::<Done>();
+    let state = Arc::new(Mutex::new(Core::new(index, app.clone(), path, jobs, reply)));
     let inputs = config.inputs.join(",");
     let consumer_error = |operation, source| TaskError::Consumer {
         worker: index,

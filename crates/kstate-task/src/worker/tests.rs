@@ -304,8 +304,10 @@ fn harness(inputs: &[&str], guarantee: ProcessingGuarantee, policy: ErrorPolicy)
         }),
     };
     let (jobs, job_rx) = std::sync::mpsc::channel();
+    // The tests answer the jobs themselves (`Done` straight into `Core::restored`).
+    let (reply, _) = std::sync::mpsc::channel();
     Harness {
-        core: Core::new(0, app.clone(), path, jobs),
+        core: Core::new(0, app.clone(), path, jobs, reply),
         input: FakeInput::default(),
         jobs: job_rx,
         app,
