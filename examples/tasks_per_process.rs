@@ -4,8 +4,8 @@
 //! state directory ("fresh"), stopped, and started again on the state it left ("restart", nothing
 //! to replay but the tail the last commit left). For each start it prints the time until every
 //! task is running (and, fresh, until every record is processed), the resident memory, threads,
-//! open file descriptors, RocksDB instances (store directories), the budget's memtable and
-//! cache usage, and the threads by name (kstate's, RocksDB's, librdkafka's):
+//! open file descriptors, RocksDB instances (store directories), the budget's memtable, cache
+//! and pending-write (overlays, coalescing caches) usage, and the threads by name (kstate's, RocksDB's, librdkafka's):
 //!
 //! ```text
 //! cargo run --release --example tasks_per_process -- --partitions 1000 [--stores 3] \
@@ -14,7 +14,7 @@
 //! tasks-open n=<N> start=fresh running_s=<s> processed_s=<s>
 //! tasks-open n=<N> start=restart running_s=<s>
 //! tasks-resources n=<N> start=<fresh|restart> rss_mb=<MB> threads=<n> fds=<n> rocksdb=<n> \
-//!     memtable_mb=<MB> cache_mb=<MB> budget_mb=<MB>
+//!     memtable_mb=<MB> cache_mb=<MB> pending_mb=<MB> budget_mb=<MB>
 //! tasks-threads n=<N> start=<fresh|restart> <thread name>=<n> ...
 //! tasks-close n=<N> start=<fresh|restart> close_s=<s>
 //! tasks-floor n=<N> topics=<stores> create_s=<s> ends_s=<s>
@@ -317,13 +317,14 @@ impl Bench {
         let mb = |bytes: usize| bytes as f64 / f64::from(1 << 20);
         println!(
             "tasks-resources n={n} start={name} rss_mb={:.0} threads={} fds={} rocksdb={} \
-             memtable_mb={:.0} cache_mb={:.0} budget_mb={:.0}",
+             memtable_mb={:.0} cache_mb={:.0} pending_mb={:.1} budget_mb={:.0}",
             mb(rss_bytes()?),
             proc_status("Threads")?,
             std::fs::read_dir("/proc/self/fd")?.count(),
             rocksdb_instances(self.state_dir.path())?,
             mb(budget.memtable_usage()),
             mb(budget.cache_usage()),
+            mb(budget.pending().usage()),
             mb(budget.total_bytes()),
         );
         println!("tasks-threads n={n} start={name} {}", thread_kinds()?);

@@ -7,7 +7,11 @@
 //!   the broker acknowledged its last record, then write the frozen entries and that record's
 //!   offset in one atomic RocksDB `WriteBatch`. No fsync, no memtable flush, no checkpoint file.
 //! - Reads merge the overlay (newest first: active, then frozen) over RocksDB.
-//! - The overlay is bounded; a write that reaches the bound commits before it returns.
+//! - The overlay is bounded; a write that reaches the bound commits before it returns. So is
+//!   the memory of all overlays together: each charges its bytes to its RocksDB's budget
+//!   ([`MemoryBudget::pending`](kstate_rocksdb::MemoryBudget::pending)), and a write that finds
+//!   the budget's pending share full commits its store (under a transaction: asks for the
+//!   commit), however little the store holds itself.
 //! - A timer flushes RocksDB's memtables well inside the topic's `delete.retention.ms`
 //!   ([`ChangelogConfig::flush_interval`]), so the durable position never lags so far that a
 //!   restart must rebuild (a tombstone after it may be compacted away by then).
@@ -50,7 +54,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use kstate_core::sync::{lock, read, wait_timeout, write};
 use kstate_core::{Batch, EntryIter, Error, KeyRange, KeyValueStore, Order, PoisonReason, Result};
-use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use kstate_rocksdb::{PendingCharge, PendingMemory, RocksDbOptions, RocksDbStore};
 
 use crate::config::ChangelogConfig;
 use crate::durability::{Durability, ParseDurabilityError};
@@ -71,11 +75,55 @@ const DROP_JOIN_LIMIT: Duration = Duration::from_secs(5);
 /// default `delete.retention.ms` (24 h).
 const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(6 * 3600);
 
-/// The overlay: what reads merge over RocksDB.
-#[derive(Debug, Default)]
+/// The overlay: what reads merge over RocksDB, charged to the memory budget's pending account
+/// ([`PendingMemory`](kstate_rocksdb::PendingMemory)) for as long as it holds it.
+#[derive(Debug)]
 struct State {
     active: Overlay,
     frozen: Option<Arc<Map>>,
+    /// The bytes of the frozen layer (its keys and values, as the active layer counts them).
+    frozen_bytes: usize,
+    charge: PendingCharge,
+}
+
+impl State {
+    fn new(charge: PendingCharge) -> Self {
+        State {
+            active: Overlay::default(),
+            frozen: None,
+            frozen_bytes: 0,
+            charge,
+        }
+    }
+
+    /// Charges the budget with what both layers hold now.
+    fn recharge(&mut self) {
+        self.charge.set(self.active.bytes + self.frozen_bytes);
+    }
+
+    /// Whether the overlay should be committed: past its own bounds, or its budget's pending
+    /// account full (a store holding nothing has nothing to give back).
+    fn over(&self, config: &ChangelogConfig) -> bool {
+        self.active.bytes >= config.overlay_max_bytes
+            || self.active.len() >= config.overlay_max_records
+            || (self.active.len() > 0 && self.charge.account().is_full())
+    }
+
+    /// The active layer becomes the frozen one (still charged), for a commit to apply.
+    fn freeze(&mut self) -> Arc<Map> {
+        let active = std::mem::take(&mut self.active);
+        let frozen = Arc::new(active.map);
+        self.frozen = Some(frozen.clone());
+        self.frozen_bytes = active.bytes;
+        frozen
+    }
+
+    /// The frozen layer is gone (applied to RocksDB, or back under the active one).
+    fn drop_frozen(&mut self) {
+        self.frozen = None;
+        self.frozen_bytes = 0;
+        self.recharge();
+    }
 }
 
 /// How a `close` ended, kept so that a second `close` reports it again.
@@ -141,6 +189,12 @@ impl std::fmt::Debug for LoggedStore {
 }
 
 impl LoggedStore {
+    /// The account of its RocksDB's budget that this store's overlay charges; layers above it
+    /// (a task's coalescing cache) charge it too.
+    pub fn pending_memory(&self) -> &PendingMemory {
+        self.shared.store.pending_memory()
+    }
+
     /// Opens the store at `location` (a directory of its own, or a store of a task's RocksDB)
     /// with its changelog: creates or verifies the topic, restores what RocksDB lacks, and
     /// starts the group-commit and flush timer.
@@ -226,6 +280,7 @@ impl LoggedStore {
                 .map_or(DEFAULT_FLUSH_INTERVAL, |retention| retention / 4)
                 .max(Duration::from_millis(10))
         });
+        let charge = restored.store.pending_memory().charge();
         let shared = Arc::new(Shared {
             name: format!(
                 "{} (changelog {}/{})",
@@ -237,7 +292,7 @@ impl LoggedStore {
             producer,
             mode: Mutex::new(config.durability),
             config,
-            state: RwLock::default(),
+            state: RwLock::new(State::new(charge)),
             send: Mutex::new(()),
             sent_seq: AtomicU64::new(0),
             drive,
@@ -524,8 +579,8 @@ impl Shared {
         let full = {
             let mut state = write(&self.state);
             record(&mut state.active);
-            state.active.bytes >= self.config.overlay_max_bytes
-                || state.active.len() >= self.config.overlay_max_records
+            state.recharge();
+            state.over(&self.config)
         };
         drop(send);
         if let Drive::Transactional { transaction, .. } = &self.drive {
@@ -589,9 +644,9 @@ impl Shared {
     /// (newer), so that the next commit covers them all and reads still see them.
     fn unfreeze(&self, frozen: Arc<Map>) {
         let mut state = write(&self.state);
-        state.frozen = None;
         let frozen = Arc::try_unwrap(frozen).unwrap_or_else(|shared| (*shared).clone());
         state.active.put_under(frozen);
+        state.drop_frozen();
     }
 
     /// The commit; with a `limit` below the acknowledgement timeout, it gives up once `limit`
@@ -625,8 +680,7 @@ impl Shared {
             if state.active.len() == 0 {
                 return Ok(());
             }
-            let frozen = Arc::new(std::mem::take(&mut state.active).map);
-            state.frozen = Some(frozen.clone());
+            let frozen = state.freeze();
             let known = self
                 .producer
                 .tracker
@@ -685,7 +739,7 @@ impl Shared {
             self.producer.tracker.poison(reason.clone());
             return Err(self.poisoned(reason));
         }
-        write(&self.state).frozen = None;
+        write(&self.state).drop_frozen();
         Ok(())
     }
 
@@ -804,12 +858,7 @@ impl TransactionMember for Shared {
         let Some(offset) = offset else {
             return Ok(());
         };
-        let frozen = {
-            let mut state = write(&self.state);
-            let frozen = Arc::new(std::mem::take(&mut state.active).map);
-            state.frozen = Some(frozen.clone());
-            frozen
-        };
+        let frozen = write(&self.state).freeze();
         // The position is the commit marker, right after the transaction's last record (see
         // the transaction module): an idle store then has nothing after its position, and a
         // restore never takes it for a stale one.
@@ -829,7 +878,7 @@ impl TransactionMember for Shared {
         {
             let mut state = write(&self.state);
             state.active = Overlay::default();
-            state.frozen = None;
+            state.drop_frozen();
         }
         self.producer.tracker.transaction_aborted(base + 1, sent);
     }

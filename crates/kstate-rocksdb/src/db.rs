@@ -139,6 +139,8 @@ pub(crate) struct Db {
     /// Each store's latest [`Db::write_mark`], by column family and key prefix: shared by all
     /// the handles of one store.
     marks: Mutex<HashMap<StoreKey, Arc<AtomicU64>>>,
+    /// The budget's account of writes held above this RocksDB ([`crate::PendingMemory`]).
+    pub(crate) pending: crate::PendingMemory,
 }
 
 impl Db {
@@ -209,7 +211,6 @@ impl Db {
         Ok(Db {
             db,
             path,
-
             families,
             sst_options: options.to_rocksdb_for_ingestion(),
             ingested: AtomicU64::new(0),
@@ -217,6 +218,7 @@ impl Db {
             flushed: AtomicU64::new(0),
             flushed_at: Mutex::new(Instant::now()),
             marks: Mutex::new(HashMap::new()),
+            pending: options.budget().pending().clone(),
         })
     }
 

@@ -9,7 +9,8 @@
 //! - [`TaskDb`]: one RocksDB for a stream task's stores, a column family each, flushed together.
 //! - [`SharedDb`]: one RocksDB for the stores of every task of a process, a key prefix per task.
 //! - [`RocksDbOptions`]: defaults chosen by measurement, and a builder to tune them.
-//! - [`MemoryBudget`]: one block cache and one write-buffer manager shared by many stores.
+//! - [`MemoryBudget`]: one block cache and one write-buffer manager shared by many stores, and
+//!   the account of writes held above RocksDB ([`PendingMemory`]).
 //! - a metadata column family, flushed atomically with the data, for the changelog position.
 //!
 //! ```
@@ -29,6 +30,7 @@
 mod db;
 mod error;
 mod options;
+mod pending;
 mod shared_db;
 mod store;
 mod task_db;
@@ -36,6 +38,7 @@ mod task_db;
 pub use db::{Layout, METADATA_CF};
 pub use error::OpenError;
 pub use options::{Compression, MemoryBudget, RocksDbOptions};
+pub use pending::{PendingCharge, PendingMemory};
 /// The `rocksdb` crate this one is built on, for benchmarks that compare against it.
 pub use rocksdb;
 pub use shared_db::SharedDb;

@@ -8,6 +8,10 @@
 //! "Write Buffer Manager", and Kafka Streams' own "bounded memory" recipe). Index and filter
 //! blocks live in the cache too, so they are bounded by it as well.
 //!
+//! A budget also counts what is held above RocksDB: the changelog overlays of writes not yet
+//! committed and the task runtime's coalescing caches draw on its pending share
+//! ([`PendingMemory`]), and give memory back when it is full.
+//!
 //! Unless told otherwise, stores share one process-wide budget ([`MemoryBudget::process_default`]).
 //!
 //! The defaults follow RocksDB's tuning guide and Kafka Streams' bounded-memory recipe; the write
@@ -21,7 +25,7 @@
 //! | bloom filter | 10 bits/key | ~1% false positives; gets of absent keys skip SST reads |
 //! | block size | 16 KiB | denser index, better compression for 100-byte values |
 //! | compression | LZ4, ZSTD at the bottommost level | RocksDB's recommended pairing; SST files a restore ingests are LZ4 (below) |
-//! | budget | 256 MiB, of which up to 128 MiB memtables | one budget for all stores |
+//! | budget | 256 MiB: a 192 MiB block cache that holds up to 128 MiB of memtables, and 64 MiB for writes above RocksDB (overlays, coalescing caches) | one budget for all stores, whatever their number |
 //! | RocksDB's log | to `tracing`, warnings and errors | no `LOG` file (one descriptor fewer per store) |
 //! | memtable arena block | 16 KiB | RocksDB's default, 1 MiB, is charged to the budget for every memtable written to: a thousand tasks of three stores (and their metadata) would charge 4 GiB against a 128 MiB memtable budget and flush at every write |
 //! | open SST files (`max_open_files`) | 64 per RocksDB | RocksDB's default keeps every SST file open: descriptors grow with data and stores without bound; with a cap, files also open on first read instead of all at once when the RocksDB opens |
@@ -29,17 +33,21 @@
 
 use std::sync::OnceLock;
 
+use crate::pending::PendingMemory;
+
 use rocksdb::{
     BlockBasedOptions, Cache, DBCompressionType, InfoLogger, LogLevel, Options, WriteBufferManager,
 };
 
-/// Memory shared by many stores: one block cache, and a write-buffer manager that charges
-/// memtables to it. Cloning shares; create one per process (or per group of stores that should
-/// share a limit) and pass it to every store's options.
+/// Memory shared by many stores: one block cache, a write-buffer manager that charges
+/// memtables to it, and the account of writes held above RocksDB ([`PendingMemory`]). Cloning
+/// shares; create one per process (or per group of stores that should share a limit) and pass
+/// it to every store's options.
 #[derive(Clone)]
 pub struct MemoryBudget {
     cache: Cache,
     write_buffers: WriteBufferManager,
+    pending: PendingMemory,
     total_bytes: usize,
     memtable_bytes: usize,
 }
@@ -50,16 +58,26 @@ impl std::fmt::Debug for MemoryBudget {
             .field("total_bytes", &self.total_bytes)
             .field("memtable_bytes", &self.memtable_bytes)
             .field("memtable_usage", &self.write_buffers.get_usage())
+            .field("pending", &self.pending)
             .finish()
     }
 }
 
 impl MemoryBudget {
-    /// A budget of `total_bytes` for block cache plus memtables, of which memtables may use up to
-    /// `memtable_bytes`. When memtables reach their share, RocksDB flushes the largest one.
+    /// A budget of `total_bytes`: a quarter for writes held above RocksDB
+    /// ([`pending`](Self::pending)), the rest for the block cache, which holds the memtables, of
+    /// which there may be up to `memtable_bytes`. When memtables reach their share, RocksDB
+    /// flushes the largest one.
     pub fn new(total_bytes: usize, memtable_bytes: usize) -> Self {
-        let memtable_bytes = memtable_bytes.min(total_bytes);
-        let cache = Cache::new_lru_cache(total_bytes);
+        Self::with_pending(total_bytes, memtable_bytes, total_bytes / 4)
+    }
+
+    /// [`new`](Self::new) with `pending_bytes` of the total for writes held above RocksDB.
+    pub fn with_pending(total_bytes: usize, memtable_bytes: usize, pending_bytes: usize) -> Self {
+        let pending_bytes = pending_bytes.min(total_bytes);
+        let cache_bytes = total_bytes - pending_bytes;
+        let memtable_bytes = memtable_bytes.min(cache_bytes);
+        let cache = Cache::new_lru_cache(cache_bytes);
         let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
             memtable_bytes,
             false,
@@ -68,13 +86,14 @@ impl MemoryBudget {
         MemoryBudget {
             cache,
             write_buffers,
+            pending: PendingMemory::new(pending_bytes),
             total_bytes,
             memtable_bytes,
         }
     }
 
     /// The process-wide budget stores use unless given another: 256 MiB, up to 128 MiB of it for
-    /// memtables.
+    /// memtables and 64 MiB for writes above RocksDB.
     pub fn process_default() -> Self {
         static DEFAULT: OnceLock<MemoryBudget> = OnceLock::new();
         DEFAULT
@@ -96,6 +115,11 @@ impl MemoryBudget {
     /// charge), in bytes.
     pub fn cache_usage(&self) -> usize {
         self.cache.get_usage()
+    }
+
+    /// The account of writes held above RocksDB: overlays and coalescing caches charge it.
+    pub fn pending(&self) -> &PendingMemory {
+        &self.pending
     }
 }
 
@@ -147,7 +171,8 @@ impl RocksDbOptions {
         Self::default()
     }
 
-    /// Draw block cache and memtables from `budget` instead of the process-wide default.
+    /// Draw block cache, memtables and the pending writes above RocksDB from `budget` instead of
+    /// the process-wide default.
     pub fn memory_budget(mut self, budget: MemoryBudget) -> Self {
         self.memory = Some(budget);
         self

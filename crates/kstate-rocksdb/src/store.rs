@@ -91,6 +91,12 @@ impl std::fmt::Debug for RocksDbStore {
 }
 
 impl RocksDbStore {
+    /// The account of its budget ([`RocksDbOptions::memory_budget`]) that layers above this
+    /// store charge for the writes they hold ([`PendingMemory`](crate::PendingMemory)).
+    pub fn pending_memory(&self) -> &crate::PendingMemory {
+        &self.db.pending
+    }
+
     /// Opens (creating if needed) the store in directory `path`, which holds this store only.
     ///
     /// Fails with a typed [`OpenError`] naming the path when the directory is already open (by

@@ -8,13 +8,17 @@
 //! the last drain are written again; clean entries are the logged store's values, so dropping
 //! them loses nothing. A scan first drains the map into the logged store (a scan is rare on the
 //! per-record path, and merging a third layer is not worth its code). The map is bounded: past
-//! `max_entries` or `max_bytes` it drains and forgets its clean entries.
+//! `max_entries` or `max_bytes` it drains and forgets its clean entries. So is the memory of all
+//! caches and overlays together: each cache charges what it holds to its store's budget
+//! ([`PendingMemory`](kstate_rocksdb::PendingMemory)), and while the budget's pending share is
+//! full a write drains its cache at once and the cache keeps no clean entries.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kstate_core::{Batch, EntryIter, KeyRange, KeyValueStore, Order, Result};
 use kstate_kafka::LoggedStore;
+use kstate_rocksdb::{PendingCharge, PendingMemory};
 
 /// A key's latest value (`None`: deleted), and whether the logged store has it yet.
 #[derive(Debug)]
@@ -23,19 +27,28 @@ struct Entry {
     dirty: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Cache {
     map: HashMap<Vec<u8>, Entry>,
     /// Keys written since the last drain, in no order, at most once each.
     dirty: Vec<Vec<u8>>,
     /// Keys and values held, dirty or clean.
     bytes: usize,
+    /// `bytes`, charged to the budget.
+    charge: PendingCharge,
+}
+
+impl Cache {
+    /// Whether the budget's pending share is full: the cache should hold nothing it need not.
+    fn budget_full(&self) -> bool {
+        self.charge.account().is_full()
+    }
 }
 
 /// A write-coalescing, read-caching layer over a task's logged store.
 #[derive(Debug)]
-pub(crate) struct CoalescingStore {
-    inner: Arc<LoggedStore>,
+pub(crate) struct CoalescingStore<S: KeyValueStore = LoggedStore> {
+    inner: Arc<S>,
     cache: Mutex<Cache>,
     max_entries: usize,
     max_bytes: usize,
@@ -46,10 +59,25 @@ fn size(key: &[u8], value: &Option<Vec<u8>>) -> usize {
 }
 
 impl CoalescingStore {
+    /// The cache of a task's logged store, charged to its budget.
     pub(crate) fn new(inner: Arc<LoggedStore>) -> Self {
+        let account = inner.pending_memory().clone();
+        Self::charging(inner, &account)
+    }
+}
+
+impl<S: KeyValueStore> CoalescingStore<S> {
+    /// A cache over `inner` whose entries are charged to `account`.
+    fn charging(inner: Arc<S>, account: &PendingMemory) -> Self {
+        let charge = account.charge();
         CoalescingStore {
             inner,
-            cache: Mutex::default(),
+            cache: Mutex::new(Cache {
+                map: HashMap::new(),
+                dirty: Vec::new(),
+                bytes: 0,
+                charge,
+            }),
             max_entries: 100_000,
             max_bytes: 32 << 20,
         }
@@ -67,7 +95,9 @@ impl CoalescingStore {
             return Ok(());
         }
         let keys = std::mem::take(&mut cache.dirty);
-        let over = cache.map.len() >= self.max_entries || cache.bytes >= self.max_bytes;
+        let over = cache.map.len() >= self.max_entries
+            || cache.bytes >= self.max_bytes
+            || cache.budget_full();
         let mut batch = Batch::with_capacity(keys.len());
         if over {
             for key in keys {
@@ -77,6 +107,7 @@ impl CoalescingStore {
             }
             cache.map.clear();
             cache.bytes = 0;
+            cache.charge.set(0);
         } else {
             for key in keys {
                 if let Some(entry) = cache.map.get_mut(&key) {
@@ -95,7 +126,10 @@ impl CoalescingStore {
         if let Some(entry) = cache.map.get_mut(key) {
             cache.bytes = cache.bytes.saturating_sub(size(key, &entry.value)) + size(key, &value);
             entry.value = value;
-        } else if cache.map.len() < self.max_entries && cache.bytes < self.max_bytes {
+        } else if cache.map.len() < self.max_entries
+            && cache.bytes < self.max_bytes
+            && !cache.budget_full()
+        {
             cache.bytes += size(key, &value);
             cache.map.insert(
                 key.to_vec(),
@@ -105,10 +139,12 @@ impl CoalescingStore {
                 },
             );
         }
+        let bytes = cache.bytes;
+        cache.charge.set(bytes);
     }
 }
 
-impl KeyValueStore for CoalescingStore {
+impl<S: KeyValueStore> KeyValueStore for CoalescingStore<S> {
     fn name(&self) -> &str {
         self.inner.name()
     }
@@ -142,7 +178,11 @@ impl KeyValueStore for CoalescingStore {
                     }
                 }
             }
-            cache.dirty.len() >= self.max_entries || cache.bytes >= self.max_bytes
+            let bytes = cache.bytes;
+            cache.charge.set(bytes);
+            cache.dirty.len() >= self.max_entries
+                || cache.bytes >= self.max_bytes
+                || cache.budget_full()
         };
         if full { self.drain() } else { Ok(()) }
     }
@@ -165,5 +205,48 @@ impl KeyValueStore for CoalescingStore {
     fn close(&self) -> Result<()> {
         self.drain()?;
         self.inner.close()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kstate_core::MemoryStore;
+
+    /// While the budget's pending share is full (held by other caches or overlays), a write
+    /// goes down to the store at once and the cache keeps nothing: it holds no more than it must.
+    /// Below the limit it coalesces and keeps clean entries, as before.
+    #[test]
+    fn a_cache_whose_budget_is_full_writes_through_and_keeps_nothing() {
+        let account = PendingMemory::new(1000);
+        let store = Arc::new(MemoryStore::new("s"));
+        let cache = CoalescingStore::charging(store.clone(), &account);
+        cache.put(b"a", b"1").unwrap();
+        assert_eq!(store.get(b"a").unwrap(), None, "coalesced, not written yet");
+        assert_eq!(account.usage(), 2, "the cache's entry is charged");
+
+        let mut others = account.charge();
+        others.set(1000);
+        cache.put(b"b", b"2").unwrap();
+        assert_eq!(store.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(store.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+        assert_eq!(account.usage(), 1000, "the cache gave back all it held");
+        assert_eq!(cache.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(
+            account.usage(),
+            1000,
+            "a read caches nothing while the budget is full"
+        );
+
+        drop(others);
+        cache.put(b"c", b"3").unwrap();
+        assert_eq!(
+            store.get(b"c").unwrap(),
+            None,
+            "coalescing again below the limit"
+        );
+        assert_eq!(account.usage(), 2);
+        drop(cache);
+        assert_eq!(account.usage(), 0, "a dropped cache gives its charge back");
     }
 }

@@ -1050,15 +1050,21 @@ public final class KafkaStreamsBench {
         p.put(ProducerConfig.ACKS_CONFIG, "all");
         p.put(ProducerConfig.LINGER_MS_CONFIG, 5);
         byte[] value = "v".getBytes(java.nio.charset.StandardCharsets.US_ASCII);
+        // Every send is checked: a record the producer gave up on names its partition and why,
+        // instead of surfacing later as a short count.
+        List<java.util.concurrent.Future<org.apache.kafka.clients.producer.RecordMetadata>> sent = new ArrayList<>();
         try (KafkaProducer<byte[], byte[]> producer =
                 new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer())) {
             for (int partition = 0; partition < partitions; partition++) {
                 for (long i = 0; i < perPartition; i++) {
                     byte[] key = ("k" + (i % 4)).getBytes(java.nio.charset.StandardCharsets.US_ASCII);
-                    producer.send(new ProducerRecord<>(topic, partition, key, value));
+                    sent.add(producer.send(new ProducerRecord<>(topic, partition, key, value)));
                 }
             }
             producer.flush();
+        }
+        for (var future : sent) {
+            future.get();
         }
         Map<TopicPartition, OffsetSpec> latest = new HashMap<>();
         for (int partition = 0; partition < partitions; partition++) {
