@@ -242,7 +242,8 @@ fn run_kstate(client: &ClientProperties, flags: &Flags) -> Result<()> {
 }
 
 /// The bare pipe: consume one, produce two, and every 100 ms commit the input offsets once the
-/// broker acknowledged everything sent before them, without pausing the consumption meanwhile.
+/// broker acknowledged everything sent before them, without pausing the consumption meanwhile:
+/// the most the broker and rdkafka allow this loop, a limit for kstate's end-to-end rate.
 async fn pipe(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
     let input = flags.get("input")?;
@@ -267,6 +268,11 @@ async fn pipe(client: &ClientProperties, flags: &Flags) -> Result<()> {
             // As kstate's input consumers.
             ("isolation.level", "read_committed"),
             ("fetch.wait.max.ms", "100"),
+            // Unlike them, 8 MiB per partition and fetch instead of 1: with 1 MiB this loop
+            // drains what a fetch brought and waits for the next one, about half its time (it
+            // ran at 287-294k records/s, 429-442k with 8 MiB; kstate ran the same with either,
+            // BENCHMARKS.md "The pipe as a limit").
+            ("max.partition.fetch.bytes", "8388608"),
         ],
         "pipe consumer",
     )?;

@@ -425,6 +425,26 @@ async fn prefetched_ends_serve_restores_and_one_older_than_the_store_is_asked_ag
     Ok(())
 }
 
+/// Writes 100 records to `config`'s partition, has `clients` prefetch its end (100), then writes
+/// 50 more: a writer that went on past a prefetched end.
+fn write_past_a_prefetch(
+    dir: &std::path::Path,
+    config: &ChangelogConfig,
+    clients: &RestoreClients,
+) -> anyhow::Result<()> {
+    let writer = LoggedStore::open(
+        dir.join("writer"),
+        &RocksDbOptions::default(),
+        config.clone(),
+    )?;
+    common::write_keys(&writer, 0..100)?;
+    writer.commit()?;
+    assert_eq!(clients.prefetch_ends(std::slice::from_ref(config))?, 1);
+    common::write_keys(&writer, 100..150)?;
+    writer.close()?;
+    Ok(())
+}
+
 /// Sets of restore clients made sharing one cluster's clients (a task runtime's restorer
 /// threads) share what those learned: an end prefetched through one set serves a restore through
 /// another, which asks the broker for nothing of its own. The end is told apart from one the
@@ -435,19 +455,9 @@ async fn an_end_prefetched_through_one_set_serves_a_restore_through_another_of_i
     let topic = unique_topic("prefetch-shared");
     let dir = tempfile::tempdir()?;
     let config = two_partitions(&topic, 0)?;
-    let writer = LoggedStore::open(
-        dir.path().join("writer"),
-        &RocksDbOptions::default(),
-        config.clone(),
-    )?;
-    common::write_keys(&writer, 0..100)?;
-    writer.commit()?;
     let prefetching = RestoreClients::new(&config)?;
     let restoring = RestoreClients::sharing(prefetching.cluster().clone(), &config)?;
-    assert_eq!(prefetching.prefetch_ends(std::slice::from_ref(&config))?, 1);
-    common::write_keys(&writer, 100..150)?;
-    writer.close()?;
-    drop(writer);
+    write_past_a_prefetch(dir.path(), &config, &prefetching)?;
 
     let restored = RestoredStore::restore_with(
         dir.path().join("fresh"),
@@ -487,19 +497,9 @@ async fn a_prefetched_end_fills_an_empty_store_and_a_writer_past_it_poisons_the_
     let topic = unique_topic("prefetch-fresh");
     let dir = tempfile::tempdir()?;
     let config = two_partitions(&topic, 0)?;
-    let writer = LoggedStore::open(
-        dir.path().join("writer"),
-        &RocksDbOptions::default(),
-        config.clone(),
-    )?;
-    common::write_keys(&writer, 0..100)?;
-    writer.commit()?;
     let clients = RestoreClients::new(&config)?;
-    assert_eq!(clients.prefetch_ends(std::slice::from_ref(&config))?, 1);
     // Another writer goes on after the prefetch.
-    common::write_keys(&writer, 100..150)?;
-    writer.close()?;
-    drop(writer);
+    write_past_a_prefetch(dir.path(), &config, &clients)?;
 
     let restored = RestoredStore::restore_with(
         dir.path().join("fresh"),
