@@ -644,6 +644,8 @@ impl Shared {
     /// (newer), so that the next commit covers them all and reads still see them.
     fn unfreeze(&self, frozen: Arc<Map>) {
         let mut state = write(&self.state);
+        // The state's own handle goes first, so that the map is usually moved, not copied.
+        state.frozen = None;
         let frozen = Arc::try_unwrap(frozen).unwrap_or_else(|shared| (*shared).clone());
         state.active.put_under(frozen);
         state.drop_frozen();
