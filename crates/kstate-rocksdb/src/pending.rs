@@ -92,11 +92,6 @@ impl PendingCharge {
         self.bytes = bytes;
     }
 
-    /// What the holder is charged at.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
     /// The account charged.
     pub fn account(&self) -> &PendingMemory {
         &self.account

@@ -43,6 +43,11 @@ impl Cache {
     fn budget_full(&self) -> bool {
         self.charge.account().is_full()
     }
+
+    /// Charges the budget with what the cache holds now.
+    fn recharge(&mut self) {
+        self.charge.set(self.bytes);
+    }
 }
 
 /// A write-coalescing, read-caching layer over a task's logged store.
@@ -107,7 +112,7 @@ impl<S: KeyValueStore> CoalescingStore<S> {
             }
             cache.map.clear();
             cache.bytes = 0;
-            cache.charge.set(0);
+            cache.recharge();
         } else {
             for key in keys {
                 if let Some(entry) = cache.map.get_mut(&key) {
@@ -139,8 +144,7 @@ impl<S: KeyValueStore> CoalescingStore<S> {
                 },
             );
         }
-        let bytes = cache.bytes;
-        cache.charge.set(bytes);
+        cache.recharge();
     }
 }
 
@@ -178,8 +182,7 @@ impl<S: KeyValueStore> KeyValueStore for CoalescingStore<S> {
                     }
                 }
             }
-            let bytes = cache.bytes;
-            cache.charge.set(bytes);
+            cache.recharge();
             cache.dirty.len() >= self.max_entries
                 || cache.bytes >= self.max_bytes
                 || cache.budget_full()

@@ -172,21 +172,29 @@ impl ThreadClients {
         self.own.take_if(|c| !c.suits(config));
         Ok(match &mut self.own {
             Some(c) => c,
-            own @ None => {
-                let cluster = {
-                    let mut shared = lock(&self.shared);
-                    shared.take_if(|c| !c.suits(config));
-                    match &*shared {
-                        Some(c) => c.clone(),
-                        None => shared
-                            .insert(Arc::new(RestoreCluster::new(config)?))
-                            .clone(),
-                    }
-                };
-                own.insert(RestoreClients::sharing(cluster, config)?)
-            }
+            own @ None => own.insert(RestoreClients::sharing(
+                shared_cluster(&self.shared, config)?,
+                config,
+            )?),
         })
     }
+}
+
+/// The shared clients for `config`: those the threads share, if they suit it, else new ones
+/// that the threads share from now on.
+#[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
+fn shared_cluster(
+    shared: &SharedCluster,
+    config: &ChangelogConfig,
+) -> Result<Arc<RestoreCluster>, ChangelogError> {
+    let mut shared = lock(shared);
+    shared.take_if(|c| !c.suits(config));
+    Ok(match &*shared {
+        Some(c) => c.clone(),
+        None => shared
+            .insert(Arc::new(RestoreCluster::new(config)?))
+            .clone(),
+    })
 }
 
 /// Asks for the ends of the batch's changelogs at once. Only a shortcut: a failure leaves each
