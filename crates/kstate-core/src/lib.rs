@@ -8,6 +8,11 @@
 //! - [`Store`]: the typed layer, keys through [`OrderedKey`], values through a [`Codec`] (serde +
 //!   bincode by default).
 //! - [`MemoryStore`]: an ordered in-memory engine.
+//! - [`window`]: window stores (values per key and time window, expired a segment at a time)
+//!   and their Kafka Streams-compatible changelog keys ([`ChangelogKeys`]).
+//! - [`session`]: session stores (a key's sessions of activity), laid out and logged the same
+//!   way.
+//! - [`ttl`]: key-value stores whose keys expire, swept with changelog tombstones.
 //! - [`sync`]: the poison-tolerant lock helpers every crate uses.
 //! - `testkit` (feature): the conformance suite and the model-based property test every engine
 //!   runs.
@@ -26,19 +31,28 @@
 
 #![deny(unsafe_code)]
 
+mod changelog_keys;
 pub mod codec;
 mod error;
 mod memory;
 mod range;
+mod segments;
+pub mod session;
 mod store;
 pub mod sync;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod ttl;
 mod typed;
+pub mod window;
 
+pub use changelog_keys::{ChangelogKeys, ChangelogReplay};
 pub use codec::{Bincode, Codec, OrderedKey};
 pub use error::{BoxError, Error, HexBytes, PoisonReason, Result};
 pub use memory::MemoryStore;
 pub use range::{KeyRange, Order, prefix_end};
+pub use session::{Session, SessionChangelog, SessionOptions, SessionPut, SessionStore};
 pub use store::{Batch, Entry, EntryIter, KeyValueStore, Mutation};
+pub use ttl::{TtlChangelog, TtlClock, TtlOptions, TtlStore};
 pub use typed::{Store, TypedIter, entry_check};
+pub use window::{WindowChangelog, WindowEntry, WindowOptions, WindowPut, WindowStore};

@@ -102,6 +102,22 @@ impl KeyValueStore for MemoryStore {
         Ok(read(&self.map).len() as u64)
     }
 
+    fn drop_range(&self, range: &KeyRange) -> Result<()> {
+        self.check_open()?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        let mut map = write(&self.map);
+        let doomed: Vec<Vec<u8>> = map
+            .range::<[u8], _>(range.as_bounds())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in doomed {
+            map.remove(&key);
+        }
+        Ok(())
+    }
+
     fn flush(&self) -> Result<()> {
         self.check_open()
     }

@@ -149,6 +149,14 @@ pub trait KeyValueStore: Send + Sync {
         keys.iter().map(|k| self.get(k)).collect()
     }
 
+    /// [`write`](Self::write), at event time `time` (ms; the stream time of a store of time). A
+    /// changelog-backed store sends `time` with its records (a header), so a restore learns the
+    /// time from them; other engines ignore it.
+    fn write_at(&self, batch: Batch, time: i64) -> Result<()> {
+        let _ = time;
+        self.write(batch)
+    }
+
     /// Stores `value` under `key`.
     fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         let mut batch = Batch::with_capacity(1);
@@ -200,6 +208,30 @@ pub trait KeyValueStore: Send + Sync {
     fn all(&self) -> Result<EntryIter<'_>> {
         self.scan(&KeyRange::all(), Order::Forward)
     }
+
+    /// Removes every key in `range` from this engine's own storage, and only there. It is how a
+    /// window or session store drops an expired time segment:
+    /// - a changelog-backed store does not log it: the changelog's own retention
+    ///   (`cleanup.policy=compact,delete`) removes the records there, and a restore skips what
+    ///   is past retention;
+    /// - writes a changelog-backed store has taken but not committed yet may still land in the
+    ///   range afterwards, so the layer above must not read what it dropped (a window store
+    ///   filters by retention, and drops again below the same bound later);
+    /// - RocksDB drops the range with one range tombstone and deletes the files wholly inside
+    ///   it, whatever the range holds.
+    ///
+    /// The default deletes key by key, in one batch.
+    fn drop_range(&self, range: &KeyRange) -> Result<()> {
+        let keys = self
+            .scan(range, Order::Forward)?
+            .map(|entry| entry.map(|(key, _)| key))
+            .collect::<Result<Vec<_>>>()?;
+        let mut batch = Batch::with_capacity(keys.len());
+        for key in keys {
+            batch.delete(key);
+        }
+        self.write(batch)
+    }
 }
 
 /// Implements [`KeyValueStore`] for a pointer type by forwarding every method to the store it
@@ -216,6 +248,9 @@ macro_rules! forward_store {
             }
             fn write(&self, batch: Batch) -> Result<()> {
                 (**self).write(batch)
+            }
+            fn write_at(&self, batch: Batch, time: i64) -> Result<()> {
+                (**self).write_at(batch, time)
             }
             fn scan(&self, range: &KeyRange, order: Order) -> Result<EntryIter<'_>> {
                 (**self).scan(range, order)
@@ -237,6 +272,9 @@ macro_rules! forward_store {
             }
             fn delete(&self, key: &[u8]) -> Result<()> {
                 (**self).delete(key)
+            }
+            fn drop_range(&self, range: &KeyRange) -> Result<()> {
+                (**self).drop_range(range)
             }
         }
     };

@@ -24,3 +24,6 @@ use kstate_core::KeyValueStore as _;
 
 kstate_core::conformance_tests!(MemoryHarness);
 kstate_core::model_tests!(MemoryHarness, cases = 256);
+kstate_core::window_tests!(MemoryHarness, cases = 256);
+kstate_core::session_tests!(MemoryHarness, cases = 256);
+kstate_core::ttl_tests!(MemoryHarness, cases = 256);

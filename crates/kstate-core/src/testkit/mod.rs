@@ -14,7 +14,13 @@
 
 pub mod model;
 pub mod scenarios;
+pub mod session;
+pub mod ttl;
+pub mod window;
 
+use std::sync::Arc;
+
+use crate::changelog_keys::ChangelogKeys;
 use crate::store::{Batch, KeyValueStore, Mutation};
 
 /// How the kit gets stores from an engine.
@@ -28,6 +34,13 @@ pub trait Harness {
     /// Closes `store` and opens it again, as a restarted task would: the contents must be what
     /// they were at close.
     fn reopen(&mut self, store: Self::Store) -> Self::Store;
+
+    /// A fresh, empty store whose changelog, if the engine has one, maps keys with `keys` (a
+    /// window store's). Engines without a changelog open a plain store.
+    fn open_mapped(&mut self, keys: Arc<dyn ChangelogKeys>) -> Self::Store {
+        let _ = keys;
+        self.open()
+    }
 }
 
 /// The ways a mutation can reach a store.
@@ -119,7 +132,8 @@ macro_rules! conformance_tests {
             large_values_round_trip,
             approximate_len_tracks_the_entry_count,
             closed_stores_refuse_every_operation,
-            reopen_keeps_every_flushed_write
+            reopen_keeps_every_flushed_write,
+            drop_range_removes_exactly_the_range
         );
     };
     (@tests $harness:expr; $($name:ident),*) => {

@@ -365,3 +365,36 @@ pub fn reopen_keeps_every_flushed_write<H: Harness>(h: &mut H) {
         s.close().unwrap();
     }
 }
+
+pub fn drop_range_removes_exactly_the_range<H: Harness>(h: &mut H) {
+    each_path(h, |s, path| {
+        let keys: [&[u8]; 6] = [b"", b"a", b"b", b"b\x00", b"c", b"\xff\xff"];
+        let writes: Vec<Mutation> = keys.iter().map(|k| put(k, b"v")).collect();
+        path.apply(s, &writes);
+        // Committed first: a changelog-backed store drops only what it committed.
+        s.flush().unwrap();
+        s.drop_range(&KeyRange::new(Included(b"b"), Included(b"c")))
+            .unwrap();
+        let left: Vec<Vec<u8>> = collect(s.all().unwrap())
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            left,
+            [b"".to_vec(), b"a".to_vec(), b"\xff\xff".to_vec()],
+            "{path:?}"
+        );
+        s.drop_range(&KeyRange::new(Excluded(b""), Unbounded))
+            .unwrap();
+        assert_eq!(
+            collect(s.all().unwrap()),
+            [(Vec::new(), b"v".to_vec())],
+            "{path:?}"
+        );
+        s.drop_range(&KeyRange::all()).unwrap();
+        assert_eq!(collect(s.all().unwrap()), [], "{path:?}");
+        // The store goes on as before.
+        path.apply(s, &[put(b"b", b"again")]);
+        assert_eq!(s.get(b"b").unwrap(), Some(b"again".to_vec()));
+    });
+}
