@@ -1,6 +1,9 @@
 //! [`ChangelogConfig`]: where a store's changelog lives and how it is written and read.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use kstate_core::ChangelogKeys;
 
 use crate::client_properties::ClientProperties;
 use crate::durability::Durability;
@@ -61,6 +64,8 @@ pub struct ChangelogConfig {
     pub(crate) flush_interval: Option<Duration>,
     pub(crate) lost_changelog: LostChangelog,
     pub(crate) max_record_bytes: usize,
+    pub(crate) keys: Option<Arc<dyn ChangelogKeys>>,
+    pub(crate) retention: Option<Duration>,
 }
 
 impl ChangelogConfig {
@@ -91,6 +96,8 @@ impl ChangelogConfig {
             flush_interval: None,
             lost_changelog: LostChangelog::Refuse,
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            keys: None,
+            retention: None,
         }
     }
 
@@ -227,6 +234,25 @@ impl ChangelogConfig {
     /// producer's `message.max.bytes`; an existing topic keeps its own limit.
     pub fn max_record_bytes(mut self, bytes: usize) -> Self {
         self.max_record_bytes = bytes.max(1);
+        self
+    }
+
+    /// Maps the store's keys to the changelog's and back: a window store's local keys carry a
+    /// segment prefix and derived keys its changelog does not
+    /// ([`WindowChangelog`](kstate_core::WindowChangelog): Kafka Streams' format). Unset, keys
+    /// are logged as they are.
+    pub fn keys(mut self, keys: Arc<dyn ChangelogKeys>) -> Self {
+        self.keys = Some(keys);
+        self
+    }
+
+    /// Lets the broker delete records older than `retention` as well as compacting
+    /// (`cleanup.policy=compact,delete`, `retention.ms`) on a topic this store creates: for a
+    /// store whose data expires (a window store: its retention plus a margin,
+    /// [`WindowOptions::changelog_retention`](kstate_core::WindowOptions::changelog_retention)).
+    /// Unset, the topic is compacted only and keeps every key's last record.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
         self
     }
 

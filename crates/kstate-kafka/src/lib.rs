@@ -48,7 +48,7 @@ pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
 pub use error::{ChangelogError, ClientPropertiesError, TransactionError};
 pub use logged_store::LoggedStore;
 pub use position::{ChangelogPosition, FORMAT_VERSION};
-pub use producer::SharedProducer;
+pub use producer::{SharedProducer, TIME_HEADER};
 pub use restore::{
     BatchRestored, CancelToken, OpenHooks, PREFETCHED_END_TTL, RESTORE_FETCH_SETTINGS, RecordCheck,
     RestoreClients, RestoreCluster, RestoreListener, RestoreReport, RestoreStart, RestoredStore,

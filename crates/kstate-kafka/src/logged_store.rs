@@ -494,7 +494,7 @@ impl Shared {
         self.config.delivery_timeout + ACK_SLACK
     }
 
-    fn write(&self, batch: Batch) -> Result<()> {
+    fn write(&self, batch: Batch, time: Option<i64>) -> Result<()> {
         self.check_usable()?;
         // Refuse oversized records before sending any of the batch: the broker would reject
         // them, and a rejected send poisons the store.
@@ -508,7 +508,7 @@ impl Shared {
         let mutations = batch.into_mutations();
         let send = self.begin_send()?;
         for (key, value) in &mutations {
-            self.send_next(key, value.as_deref())?;
+            self.send_logged(key, value.as_deref(), time)?;
         }
         self.finish_write(send, |overlay| {
             for (key, value) in mutations {
@@ -524,7 +524,7 @@ impl Shared {
             return Err(self.too_large(key, value));
         }
         let send = self.begin_send()?;
-        self.send_next(key, value)?;
+        self.send_logged(key, value, None)?;
         self.finish_write(send, |overlay| {
             overlay.insert(key.to_vec(), value.map(<[u8]>::to_vec));
         })
@@ -556,12 +556,24 @@ impl Shared {
         Ok(send)
     }
 
+    /// Sends the changelog record of a write to store key `key`, unless it is a local key (see
+    /// [`ChangelogConfig::keys`]); the caller holds the send lock.
+    fn send_logged(&self, key: &[u8], value: Option<&[u8]>, time: Option<i64>) -> Result<()> {
+        match &self.config.keys {
+            None => self.send_next(key, value, time).map(drop),
+            Some(keys) => match keys.to_changelog(key) {
+                Some(logged) => self.send_next(&logged, value, time).map(drop),
+                None => Ok(()),
+            },
+        }
+    }
+
     /// Sends one record with the next sequence number; the caller holds the send lock. A full
     /// producer queue waits here, holding only that lock.
-    fn send_next(&self, key: &[u8], value: Option<&[u8]>) -> Result<u64> {
+    fn send_next(&self, key: &[u8], value: Option<&[u8]>, time: Option<i64>) -> Result<u64> {
         let seq = self.sent_seq.load(Ordering::Acquire) + 1;
         self.producer
-            .send(seq, key, value, self.config.delivery_timeout)
+            .send(seq, key, value, time, self.config.delivery_timeout)
             .map_err(|reason| self.poisoned(reason))?;
         self.sent_seq.store(seq, Ordering::Release);
         Ok(seq)
@@ -769,8 +781,14 @@ impl Shared {
         let (mut records, mut last_seq) = (0u64, None);
         for entry in self.store.all()? {
             let (key, value) = entry?;
-            last_seq = Some(self.send_next(&key, Some(&value))?);
-            records += 1;
+            let logged = match &self.config.keys {
+                None => Some(std::borrow::Cow::Borrowed(key.as_slice())),
+                Some(keys) => keys.to_changelog(&key),
+            };
+            if let Some(logged) = logged {
+                last_seq = Some(self.send_next(&logged, Some(&value), None)?);
+                records += 1;
+            }
         }
         let offset = match last_seq {
             None => end - 1,
@@ -912,7 +930,12 @@ impl KeyValueStore for LoggedStore {
     }
 
     fn write(&self, batch: Batch) -> Result<()> {
-        self.shared.write(batch)
+        self.shared.write(batch, None)
+    }
+
+    /// Its changelog records carry `time` in a header ([`TIME_HEADER`](crate::TIME_HEADER)).
+    fn write_at(&self, batch: Batch, time: i64) -> Result<()> {
+        self.shared.write(batch, Some(time))
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
@@ -935,6 +958,14 @@ impl KeyValueStore for LoggedStore {
         };
         let stored = self.shared.store.scan(range, order)?;
         Ok(Box::new(MergeScan::new(overlay, stored, order)))
+    }
+
+    /// Drops the range from RocksDB at once, without a record in the changelog (its retention
+    /// removes them there). Writes still in the overlay stay, and land in RocksDB at their
+    /// commit: the contract of [`drop_range`](KeyValueStore::drop_range).
+    fn drop_range(&self, range: &KeyRange) -> Result<()> {
+        self.shared.check_usable()?;
+        self.shared.store.drop_range(range)
     }
 
     fn approximate_len(&self) -> Result<u64> {

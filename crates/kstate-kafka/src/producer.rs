@@ -156,7 +156,12 @@ impl AckTracker {
             return Err(reason.clone());
         }
         if acks.acked_seq == seq {
-            return Ok(acks.last_offset);
+            // Nothing sent since the restore (a commit of local keys only, such as a TTL
+            // store's expiry index): the position is the restore's end.
+            let restored_end = acks.next_offset.map(|next| next - 1);
+            if let Some(offset) = acks.last_offset.or(restored_end) {
+                return Ok(Some(offset));
+            }
         }
         acks.watch = Some(seq);
         acks.watched_offset = None;
@@ -563,7 +568,18 @@ impl SharedProducer {
         if let Some(value) = outgoing.value {
             record = record.payload(value);
         }
-        if let Some(headers) = outgoing.headers {
+        let headers = match (outgoing.headers, outgoing.time) {
+            (headers, None) => headers,
+            (headers, Some(time)) => Some(
+                headers
+                    .unwrap_or_else(|| OwnedHeaders::new_with_capacity(1))
+                    .insert(Header {
+                        key: TIME_HEADER,
+                        value: Some(&time.to_be_bytes()),
+                    }),
+            ),
+        };
+        if let Some(headers) = headers {
             record = record.headers(headers);
         }
         let mut deadline = None;
@@ -601,6 +617,7 @@ impl SharedProducer {
                 key,
                 value,
                 headers: None,
+                time: None,
             },
             OUTPUT_OPAQUE,
             queue_timeout,
@@ -641,6 +658,7 @@ impl SharedProducer {
                 key: key.unwrap_or_default(),
                 value,
                 headers: Some(owned),
+                time: None,
             },
             OUTPUT_OPAQUE,
             queue_timeout,
@@ -754,6 +772,7 @@ impl ChangelogProducer {
         seq: u64,
         key: &[u8],
         value: Option<&[u8]>,
+        time: Option<i64>,
         queue_timeout: Duration,
     ) -> Result<(), PoisonReason> {
         if let Some(reason) = self.tracker.poisoned() {
@@ -767,6 +786,7 @@ impl ChangelogProducer {
                 key,
                 value,
                 headers: None,
+                time,
             },
             opaque,
             queue_timeout,
@@ -829,7 +849,17 @@ struct Outgoing<'a> {
     key: &'a [u8],
     value: Option<&'a [u8]>,
     headers: Option<OwnedHeaders>,
+    /// The write's event time (ms), sent in the [`TIME_HEADER`] header.
+    time: Option<i64>,
 }
+
+/// The header a changelog record of a timed write carries: the write's event time, 8 bytes
+/// big-endian (a window store's stream time when it wrote). A header and not the record's
+/// timestamp: that stays the wall clock, so a topic that also deletes by time
+/// (`compact,delete`) keeps a record for its retention after it was written, however old the
+/// data's event time (a replay of last year's input), and Kafka Streams, which reads window
+/// times from keys, ignores it.
+pub const TIME_HEADER: &str = "kstate.time";
 
 #[cfg(test)]
 mod tests {

@@ -129,7 +129,13 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 
 /// The topic settings a changelog is created with, as `(name, value)`.
 fn topic_settings(config: &ChangelogConfig) -> Vec<(&'static str, String)> {
-    let mut settings = vec![("cleanup.policy", "compact".to_string())];
+    let mut settings = match config.retention {
+        None => vec![("cleanup.policy", "compact".to_string())],
+        Some(retention) => vec![
+            ("cleanup.policy", "compact,delete".to_string()),
+            ("retention.ms", retention.as_millis().to_string()),
+        ],
+    };
     if let Some(min_isr) = config.min_insync_replicas {
         settings.push(("min.insync.replicas", min_isr.to_string()));
     }

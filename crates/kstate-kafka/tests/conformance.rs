@@ -6,10 +6,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use kstate_core::KeyValueStore as _;
 use kstate_core::testkit::Harness;
+use kstate_core::{ChangelogKeys, KeyValueStore as _};
 use kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
 use kstate_rocksdb::RocksDbOptions;
 
@@ -25,12 +26,15 @@ enum Reopen {
     WipeDirectory,
 }
 
+/// A store the harness opened: its directory, changelog topic and key mapping.
+type OpenStore = (PathBuf, String, Option<Arc<dyn ChangelogKeys>>);
+
 struct LoggedHarness {
     dir: tempfile::TempDir,
     opened: usize,
     mode: Durability,
     reopen: Reopen,
-    open_stores: Vec<(PathBuf, String)>,
+    open_stores: Vec<OpenStore>,
 }
 
 impl LoggedHarness {
@@ -44,9 +48,14 @@ impl LoggedHarness {
         }
     }
 
-    fn config(&self, topic: &str) -> ChangelogConfig {
+    fn config(&self, topic: &str, keys: Option<Arc<dyn ChangelogKeys>>) -> ChangelogConfig {
         let servers = kstate_test_broker::bootstrap_servers().unwrap();
-        ChangelogConfig::new(servers, topic, 0)
+        let config = ChangelogConfig::new(servers, topic, 0);
+        let config = match keys {
+            Some(keys) => config.keys(keys).retention(Duration::from_secs(86_400)),
+            None => config,
+        };
+        config
             .partitions(1)
             .durability(self.mode)
             .delivery_timeout(Duration::from_secs(20))
@@ -61,19 +70,19 @@ impl Harness for LoggedHarness {
     type Store = LoggedStore;
 
     fn open(&mut self) -> LoggedStore {
-        self.opened += 1;
-        let path = self.dir.path().join(format!("store-{}", self.opened));
-        let topic = kstate_test_broker::unique_topic("conformance");
-        self.open_stores.push((path.clone(), topic.clone()));
-        LoggedStore::open(&path, &RocksDbOptions::default(), self.config(&topic)).unwrap()
+        self.open_keyed(None)
+    }
+
+    fn open_mapped(&mut self, keys: Arc<dyn ChangelogKeys>) -> LoggedStore {
+        self.open_keyed(Some(keys))
     }
 
     fn reopen(&mut self, store: LoggedStore) -> LoggedStore {
         let name = store.name().to_string();
-        let (path, topic) = self
+        let (path, topic, keys) = self
             .open_stores
             .iter()
-            .find(|(p, _)| name.starts_with(&format!("{} (", p.display())))
+            .find(|(p, _, _)| name.starts_with(&format!("{} (", p.display())))
             .cloned()
             .unwrap();
         match self.reopen {
@@ -85,7 +94,18 @@ impl Harness for LoggedHarness {
         if let Reopen::WipeDirectory = self.reopen {
             std::fs::remove_dir_all(&path).unwrap();
         }
-        LoggedStore::open(&path, &RocksDbOptions::default(), self.config(&topic)).unwrap()
+        LoggedStore::open(&path, &RocksDbOptions::default(), self.config(&topic, keys)).unwrap()
+    }
+}
+
+impl LoggedHarness {
+    fn open_keyed(&mut self, keys: Option<Arc<dyn ChangelogKeys>>) -> LoggedStore {
+        self.opened += 1;
+        let path = self.dir.path().join(format!("store-{}", self.opened));
+        let topic = kstate_test_broker::unique_topic("conformance");
+        self.open_stores
+            .push((path.clone(), topic.clone(), keys.clone()));
+        LoggedStore::open(&path, &RocksDbOptions::default(), self.config(&topic, keys)).unwrap()
     }
 }
 
@@ -95,6 +115,18 @@ mod async_mode {
     kstate_core::model_tests!(
         LoggedHarness::new(Durability::Async, Reopen::Close),
         cases = 24
+    );
+    kstate_core::window_tests!(
+        LoggedHarness::new(Durability::Async, Reopen::Close),
+        cases = 16
+    );
+    kstate_core::session_tests!(
+        LoggedHarness::new(Durability::Async, Reopen::Close),
+        cases = 12
+    );
+    kstate_core::ttl_tests!(
+        LoggedHarness::new(Durability::Async, Reopen::Close),
+        cases = 12
     );
 }
 
@@ -107,6 +139,27 @@ mod group_mode_rebuilt_from_the_changelog {
         ),
         cases = 16
     );
+    kstate_core::window_tests!(
+        LoggedHarness::new(
+            Durability::Group(Duration::from_millis(1)),
+            Reopen::WipeDirectory
+        ),
+        cases = 12
+    );
+    kstate_core::session_tests!(
+        LoggedHarness::new(
+            Durability::Group(Duration::from_millis(1)),
+            Reopen::WipeDirectory
+        ),
+        cases = 12
+    );
+    kstate_core::ttl_tests!(
+        LoggedHarness::new(
+            Durability::Group(Duration::from_millis(1)),
+            Reopen::WipeDirectory
+        ),
+        cases = 12
+    );
 }
 
 mod sync_mode_dropped_without_close {
@@ -114,5 +167,17 @@ mod sync_mode_dropped_without_close {
     kstate_core::model_tests!(
         LoggedHarness::new(Durability::Sync, Reopen::DropWithoutClose),
         cases = 16
+    );
+    kstate_core::window_tests!(
+        LoggedHarness::new(Durability::Sync, Reopen::DropWithoutClose),
+        cases = 12
+    );
+    kstate_core::session_tests!(
+        LoggedHarness::new(Durability::Sync, Reopen::DropWithoutClose),
+        cases = 12
+    );
+    kstate_core::ttl_tests!(
+        LoggedHarness::new(Durability::Sync, Reopen::DropWithoutClose),
+        cases = 12
     );
 }

@@ -536,6 +536,47 @@ impl KeyValueStore for RocksDbStore {
         self.write_batch(wb, "write")
     }
 
+    /// One range tombstone, then the SST files wholly inside the range are deleted, so the disk
+    /// space comes back without waiting for a compaction (Flink's rescale does the same). Both
+    /// take the same time whatever the range holds. Without a WAL the tombstone is durable at
+    /// the next flush; a crash before it brings the range back, and the layer above drops it
+    /// again (it must, by [`drop_range`](KeyValueStore::drop_range)'s contract, not read it).
+    fn drop_range(&self, range: &KeyRange) -> Result<()> {
+        self.check_open()?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        let lower = match &range.lower {
+            Some(lower) => self.key(lower).into_owned(),
+            None => self.key_prefix.clone(),
+        };
+        // An unbounded upper side ends after the store's last key: RocksDB wants an end key.
+        let upper = match &range.upper {
+            Some(upper) => self.key(upper).into_owned(),
+            None => match prefix_successor(&self.key_prefix) {
+                Some(upper) if !self.key_prefix.is_empty() => upper,
+                _ => match self.edge_key(IteratorMode::End)? {
+                    Some(mut last) => {
+                        last.push(0);
+                        last
+                    }
+                    None => return Ok(()),
+                },
+            },
+        };
+        if lower >= upper {
+            return Ok(());
+        }
+        let cf = self.data_cf()?;
+        let mut wb = WriteBatch::default();
+        wb.delete_range_cf(cf, &lower, &upper);
+        self.write_batch(wb, "drop range")?;
+        self.db
+            .db
+            .delete_file_in_range_cf(cf, &lower, &upper)
+            .map_err(|e| self.backend("delete files in dropped range", e))
+    }
+
     fn scan(&self, range: &KeyRange, order: Order) -> Result<EntryIter<'_>> {
         self.check_open()?;
         if range.is_empty() {

@@ -39,6 +39,9 @@ impl Harness for RocksHarness {
 
 kstate_core::conformance_tests!(RocksHarness::new());
 kstate_core::model_tests!(RocksHarness::new(), cases = 64);
+kstate_core::window_tests!(RocksHarness::new(), cases = 64);
+kstate_core::session_tests!(RocksHarness::new(), cases = 64);
+kstate_core::ttl_tests!(RocksHarness::new(), cases = 64);
 
 /// The same kit against a task's store in a RocksDB many tasks share: each store the kit opens
 /// is a task whose neighbours on both sides (the task numbers just below and above) hold keys

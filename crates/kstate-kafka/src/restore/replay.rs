@@ -19,7 +19,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use kstate_core::{BoxError, KeyValueStore};
+use kstate_core::{BoxError, ChangelogReplay, KeyValueStore};
 use kstate_rocksdb::RocksDbStore;
 use rdkafka::Offset;
 use rdkafka::TopicPartitionList;
@@ -148,6 +148,12 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
         // consumer, whose teardown is not part of the restore.
         let consumer = &consumer;
         let reader = move || -> Result<(), ChangelogError> {
+            // A store whose keys are not the changelog's maps each record (a window store).
+            let mut replay = match &config.keys {
+                Some(keys) => Some(keys.replay(store)?),
+                None => None,
+            };
+            let mut mapped = Vec::new();
             let mut batch = Chunk::default();
             let mut last_offset = start_offset - 1;
             let mut last_progress = Instant::now();
@@ -181,10 +187,24 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                             check(key, value)
                                 .map_err(|e| bad("the record does not decode".into(), Some(e)))?;
                         }
-                        batch.push(key, value);
+                        batch.read += 1;
+                        match replay.as_mut() {
+                            None => batch.push(key, value),
+                            Some(replay) => {
+                                replay
+                                    .record(key, value, sent_stream_time(&message), &mut mapped)
+                                    .map_err(|e| {
+                                        bad("the record's key does not map".into(), Some(e))
+                                    })?;
+                                for (k, v) in mapped.drain(..) {
+                                    batch.push(&k, v.as_deref());
+                                }
+                            }
+                        }
                         last_offset = offset;
                         if batch.records.len() >= chunk_records || batch.bytes.len() >= chunk_bytes
                         {
+                            end_chunk(&mut replay, &mut batch);
                             // Send, then take the chunk the writer returned before it took
                             // this one: never more than two chunks.
                             if to_writer
@@ -207,7 +227,8 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                         if caught_up && !follow {
                             break;
                         }
-                        if follow && !batch.records.is_empty() {
+                        if follow && batch.read > 0 {
+                            end_chunk(&mut replay, &mut batch);
                             // A follower applies what it has whenever the log goes quiet.
                             if to_writer
                                 .send((std::mem::take(&mut batch), last_offset))
@@ -252,6 +273,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                 }
             }
             // The last chunk; a failed send means the writer stopped on an error.
+            end_chunk(&mut replay, &mut batch);
             let _ = to_writer.send((batch, last_offset));
             Ok(())
         };
@@ -276,6 +298,32 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
     })
 }
 
+/// The stream time kstate sent with a record (its [`TIME_HEADER`](crate::TIME_HEADER)); Kafka
+/// Streams' records have none (their timestamp is the record's time, not the store's stream
+/// time: the replay falls back to the record's window start or session end, as Kafka Streams).
+fn sent_stream_time(message: &rdkafka::message::BorrowedMessage<'_>) -> Option<i64> {
+    use rdkafka::message::Headers;
+    message.headers().and_then(|headers| {
+        headers
+            .iter()
+            .find(|h| h.key == crate::TIME_HEADER)
+            .and_then(|h| h.value)
+            .and_then(|v| <[u8; 8]>::try_from(v).ok())
+            .map(i64::from_be_bytes)
+    })
+}
+
+/// Appends the derived local keys of a mapped store to `batch`, which is about to be written.
+fn end_chunk(replay: &mut Option<Box<dyn ChangelogReplay>>, batch: &mut Chunk) {
+    if let Some(replay) = replay {
+        let mut derived = Vec::new();
+        replay.end_of_chunk(&mut derived);
+        for (k, v) in derived {
+            batch.push(&k, v.as_deref());
+        }
+    }
+}
+
 /// Writes restored chunks to RocksDB, each with the offset of its last record, and reports them.
 struct ChunkWriter<'a> {
     store: &'a RocksDbStore,
@@ -295,10 +343,10 @@ struct ChunkWriter<'a> {
 
 impl ChunkWriter<'_> {
     fn write(&mut self, chunk: &mut Chunk, last_offset: i64) -> Result<(), ChangelogError> {
-        if chunk.records.is_empty() {
+        if chunk.read == 0 {
             return Ok(());
         }
-        let (n, bytes) = (chunk.records.len(), chunk.bytes.len());
+        let (n, bytes) = (chunk.read, chunk.bytes.len());
         let position = ChangelogPosition {
             topic: self.topic.to_string(),
             partition: self.partition,
@@ -307,8 +355,10 @@ impl ChunkWriter<'_> {
         };
         if self.bulk {
             // Sorted, newest record of each key only, as one SST file; then the position.
-            self.store
-                .ingest_sorted(chunk.sorted_last_wins(&mut self.scratch))?;
+            if !chunk.records.is_empty() {
+                self.store
+                    .ingest_sorted(chunk.sorted_last_wins(&mut self.scratch))?;
+            }
             position.write_with(self.store, std::iter::empty())?;
             // The SST is durable at once, the position only once flushed: flush it now, so a
             // crash later resumes here instead of finding data without a position (which would
@@ -319,10 +369,10 @@ impl ChunkWriter<'_> {
             position.write_with(self.store, chunk.in_order())?;
         }
         chunk.clear();
-        self.records += n as u64;
+        self.records += n;
         self.batches += 1;
         metrics::counter!("kstate_restore_records_total", "topic" => self.topic.to_string())
-            .increment(n as u64);
+            .increment(n);
         metrics::gauge!("kstate_restore_lag", "topic" => self.topic.to_string())
             .set((self.high - 1 - last_offset).max(0) as f64);
         if let Some(l) = self.listener {
@@ -330,7 +380,7 @@ impl ChunkWriter<'_> {
                 topic: self.topic.to_string(),
                 partition: self.partition,
                 last_offset,
-                records: n,
+                records: n as usize,
                 bytes,
                 total_records: self.records,
             });
@@ -355,6 +405,9 @@ fn consumer_position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Op
 struct Chunk {
     bytes: Vec<u8>,
     records: Vec<ChunkRecord>,
+    /// Changelog records read into it: as many as `records` for a plain store; a mapped store
+    /// writes some records as none (expired) and adds its derived keys at the chunk's end.
+    read: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -433,6 +486,7 @@ impl Chunk {
     fn clear(&mut self) {
         self.bytes.clear();
         self.records.clear();
+        self.read = 0;
     }
 }
 
