@@ -64,14 +64,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use kstate::kstate_core::{Batch, KeyValueStore};
 use kstate::kstate_kafka::{
-    ChangelogConfig, ClientProperties, Durability, LoggedStore, ProducerConfig,
-    RESTORE_FETCH_SETTINGS, RestoreClients,
+    ChangelogConfig, ClientProperties, Durability, LoggedStore, ProducerConfig, RestoreClients,
 };
 use kstate::kstate_rocksdb::rocksdb::{self, ColumnFamilyDescriptor, DB, WriteOptions};
 use kstate::kstate_rocksdb::{
     Compression, METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore,
 };
-use kstate_bench::kafka::{Settled, create_client, send, wait_for_leaders};
+use kstate_bench::kafka::{Settled, send, wait_for_leaders};
 use kstate_bench::latency::{Latency, LatencySummary};
 use kstate_bench::progress::Progress;
 use kstate_bench::report::write_json;
@@ -846,9 +845,6 @@ fn measure_restore(
     base: &Path,
     args: &Args,
 ) -> Result<RestoreResult> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::{Message, Offset, TopicPartitionList};
-
     let cluster = context.cluster.as_ref().context("no broker")?;
     let topic = context.topic(RESTORED_CONFIG, threads);
     let dir = base.join("restore");
@@ -867,30 +863,11 @@ fn measure_restore(
         report.records_per_sec()
     );
 
-    let mut settings = vec![
-        ("group.id", "kstate-rows-per-second-baseline"),
-        ("enable.auto.commit", "false"),
-        ("isolation.level", "read_committed"),
-    ];
-    settings.extend_from_slice(RESTORE_FETCH_SETTINGS);
-    let consumer: BaseConsumer = create_client(cluster, &settings, "baseline consumer")?;
-    let (_, high) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(30))?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
-    consumer.assign(&tpl)?;
-    let start = Instant::now();
-    let mut count = 0u64;
-    while let Some(message) = consumer.poll(Duration::from_secs(10)) {
-        let message = message?;
-        count += 1;
-        if message.offset() + 1 >= high {
-            break;
-        }
-    }
-    let rate = count as f64 / start.elapsed().as_secs_f64();
+    let (count, elapsed) = kstate_bench::kafka::bare_read(cluster, &topic, 0)?;
+    let rate = count as f64 / elapsed.as_secs_f64();
     println!(
         "bare consumer read {count} records in {} ms ({rate:.0} records/s); restore/consumer x={:.2}",
-        start.elapsed().as_millis(),
+        elapsed.as_millis(),
         report.records_per_sec() / rate
     );
     Ok(RestoreResult {

@@ -280,6 +280,45 @@ pub fn append_time(message: &BorrowedMessage<'_>) -> Result<i64, BenchError> {
     }
 }
 
+/// Reads `topic`'s `partition` from its start to its end with a bare consumer (kstate's restore
+/// fetch settings, `read_committed`, no store) and returns the records read and the time taken:
+/// the limit a restore of the same partition is compared to.
+pub fn bare_read(
+    client: &ClientProperties,
+    topic: &str,
+    partition: i32,
+) -> Result<(u64, Duration), BenchError> {
+    use rdkafka::{Offset, TopicPartitionList};
+
+    let mut settings = vec![
+        ("group.id", "kstate-bench-bare-read"),
+        ("enable.auto.commit", "false"),
+        ("isolation.level", "read_committed"),
+    ];
+    settings.extend_from_slice(kstate_kafka::RESTORE_FETCH_SETTINGS);
+    let consumer: BaseConsumer = create_client(client, &settings, "bare consumer")?;
+    let what = || format!("bare read of {topic}/{partition}");
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(30))
+        .map_err(BenchError::kafka(what()))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Beginning)
+        .map_err(BenchError::kafka(what()))?;
+    consumer.assign(&tpl).map_err(BenchError::kafka(what()))?;
+    let start = Instant::now();
+    let mut count = 0u64;
+    if high > low {
+        while let Some(message) = consumer.poll(Duration::from_secs(10)) {
+            let message = message.map_err(BenchError::kafka(what()))?;
+            count += 1;
+            if message.offset() + 1 >= high {
+                break;
+            }
+        }
+    }
+    Ok((count, start.elapsed()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,18 +7,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kstate_core::codec::{Bincode, Codec, OrderedKey};
 use kstate_core::sync::lock;
-use kstate_core::{KeyValueStore, Store};
-use kstate_kafka::ConnectionWatch;
+use kstate_kafka::{ConnectionWatch, LoggedStore};
 use kstate_rocksdb::SharedDb;
 use rdkafka::consumer::BaseConsumer;
 
 use crate::config::{AppConfig, ProcessorFactory};
 use crate::error::{TaskError, panic_message};
+use crate::query::{QueryError, Queryable};
 use crate::shared::{AppShared, AppState};
 use crate::status::TaskStatus;
-use crate::stores::StoreHandle;
 
 /// An application, ready to start.
 pub struct App {
@@ -254,56 +252,26 @@ impl Running {
         crate::partitioner::partition_for(key, self.shared.partitions)
     }
 
-    /// Read-only queries of a store, routed to the task that owns a partition.
-    pub fn query<K, V>(&self, handle: &StoreHandle<K, V>) -> StoreQuery<'_, K, V> {
-        StoreQuery {
-            running: self,
-            handle: handle.clone(),
-        }
+    /// Read-only queries of a store, routed to the task that owns a partition: a
+    /// [`StoreQuery`] for a key-value store's handle, a [`WindowQuery`](crate::WindowQuery)
+    /// for a window store's, a [`SessionQuery`](crate::SessionQuery) for a session store's.
+    pub fn query<H: Queryable>(&self, handle: &H) -> H::Query<'_> {
+        handle.query(self)
     }
-}
 
-/// Why a query has no answer.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum QueryError {
-    /// The task is not running in this process (another member owns it, or it is restoring).
-    #[error("store {store} of task {partition} is not running here")]
-    NotHere {
-        /// The store.
-        store: String,
-        /// The task.
+    /// Task `partition`'s logged store `name`, if the task is running here.
+    pub(crate) fn running_store(
+        &self,
         partition: i32,
-    },
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] kstate_core::Error),
-}
-
-/// Read-only access to one store of the tasks running here. Reads see what the task has written
-/// into its logged store; a coalescing store's latest writes show after the next commit.
-pub struct StoreQuery<'a, K, V> {
-    running: &'a Running,
-    handle: StoreHandle<K, V>,
-}
-
-impl<K: OrderedKey, V> StoreQuery<'_, K, V>
-where
-    Bincode: Codec<V>,
-{
-    /// The value under `key` in task `partition`'s store.
-    pub fn get(&self, partition: i32, key: &K) -> Result<Option<V>, QueryError> {
-        let store = self
-            .running
-            .shared
+        name: &str,
+    ) -> Result<Arc<LoggedStore>, QueryError> {
+        self.shared
             .registry
-            .store(partition, self.handle.name())
+            .store(partition, name)
             .ok_or_else(|| QueryError::NotHere {
-                store: self.handle.name().to_string(),
+                store: name.to_string(),
                 partition,
-            })?;
-        let typed: Store<K, V, &dyn KeyValueStore> = Store::new(&*store);
-        Ok(typed.get(key)?)
+            })
     }
 }
 

@@ -10,18 +10,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kstate_core::{SessionOptions, TtlOptions, WindowOptions};
 use kstate_kafka::{ClientProperties, RestoreListener};
 use kstate_rocksdb::RocksDbOptions;
 
 use crate::app::App;
 use crate::config::{
-    AppConfig, ErrorPolicy, GroupProtocol, ProcessingGuarantee, StoreOptions, StoreSpec,
+    AppConfig, ErrorPolicy, GroupProtocol, ProcessingGuarantee, StoreKind, StoreOptions, StoreSpec,
     changelog_topic,
 };
 use crate::error::TaskError;
 use crate::ids::TaskId;
 use crate::processor::Processor;
-use crate::stores::StoreHandle;
+use crate::stores::{SessionHandle, StoreHandle, TtlHandle, WindowHandle};
 
 impl App {
     /// An application named `application_id` (its consumer group and the prefix of its
@@ -251,7 +252,61 @@ impl AppBuilder {
     ) -> StoreHandle<K, V> {
         let name = name.into();
         let handle = StoreHandle::new(self.config.stores.len(), &name);
-        self.config.stores.push(StoreSpec { name, options });
+        self.config.stores.push(StoreSpec {
+            name,
+            options,
+            kind: StoreKind::KeyValue,
+        });
+        handle
+    }
+
+    /// Declares a window store of every task ([`kstate_core::WindowStore`]): values per key and
+    /// window, kept for the options' retention behind stream time, segments dropped by range
+    /// delete. Its changelog, `<app-id>-<name>-changelog`, is Kafka Streams' window changelog
+    /// (`cleanup.policy=compact,delete`, retention + 1 day).
+    pub fn window_store(
+        &mut self,
+        name: impl Into<String>,
+        options: WindowOptions,
+    ) -> WindowHandle {
+        let name = name.into();
+        let handle = WindowHandle::new(self.config.stores.len(), &name, options);
+        self.config.stores.push(StoreSpec {
+            name,
+            options: StoreOptions::default(),
+            kind: StoreKind::Window(options),
+        });
+        handle
+    }
+
+    /// Declares a session store of every task ([`kstate_core::SessionStore`]); its changelog is
+    /// Kafka Streams' session changelog.
+    pub fn session_store(
+        &mut self,
+        name: impl Into<String>,
+        options: SessionOptions,
+    ) -> SessionHandle {
+        let name = name.into();
+        let handle = SessionHandle::new(self.config.stores.len(), &name, options);
+        self.config.stores.push(StoreSpec {
+            name,
+            options: StoreOptions::default(),
+            kind: StoreKind::Session(options),
+        });
+        handle
+    }
+
+    /// Declares a TTL store of every task ([`kstate_core::TtlStore`]): keys expire after the
+    /// options' time to live, and each commit sweeps up to 10,000 of them (their tombstones are
+    /// part of that commit).
+    pub fn ttl_store(&mut self, name: impl Into<String>, options: TtlOptions) -> TtlHandle {
+        let name = name.into();
+        let handle = TtlHandle::new(self.config.stores.len(), &name, options);
+        self.config.stores.push(StoreSpec {
+            name,
+            options: StoreOptions::default(),
+            kind: StoreKind::Ttl(options),
+        });
         handle
     }
 
@@ -372,6 +427,15 @@ impl AppBuilder {
                     "store name {:?} {problem} (it names a directory and a topic)",
                     store.name
                 ));
+            }
+            let checked = match &store.kind {
+                StoreKind::Window(options) => options.validate(&store.name),
+                StoreKind::Session(options) => options.validate(&store.name),
+                StoreKind::Ttl(options) => options.validate(&store.name),
+                StoreKind::KeyValue => Ok(()),
+            };
+            if let Err(e) = checked {
+                return invalid(e.to_string());
             }
             let topic = changelog_topic(&c.application_id, &store.name);
             if topic.len() > MAX_TOPIC_NAME {

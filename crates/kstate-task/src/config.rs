@@ -27,6 +27,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kstate_core::{
+    SessionChangelog, SessionOptions, TtlChangelog, TtlOptions, WindowChangelog, WindowOptions,
+};
 use kstate_kafka::{ChangelogConfig, ClientProperties, ProducerConfig, RestoreListener};
 use kstate_rocksdb::RocksDbOptions;
 
@@ -156,10 +159,24 @@ pub struct StoreOptions {
     pub coalesce: bool,
 }
 
+/// What a store holds, and so how it is laid out and logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoreKind {
+    /// Keys and values.
+    KeyValue,
+    /// Values per key and time window ([`kstate_core::WindowStore`]).
+    Window(WindowOptions),
+    /// Sessions per key ([`kstate_core::SessionStore`]).
+    Session(SessionOptions),
+    /// Keys that expire ([`kstate_core::TtlStore`]).
+    Ttl(TtlOptions),
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct StoreSpec {
     pub(crate) name: String,
     pub(crate) options: StoreOptions,
+    pub(crate) kind: StoreKind,
 }
 
 /// Makes the processor of each task.
@@ -209,20 +226,34 @@ impl AppConfig {
     /// transaction as long as the broker may take to abort it.
     pub(crate) fn changelog(
         &self,
-        store: &str,
+        store: &StoreSpec,
         partition: i32,
         partitions: i32,
     ) -> ChangelogConfig {
         let config = ChangelogConfig::new(
             self.client.clone(),
-            changelog_topic(&self.application_id, store),
+            changelog_topic(&self.application_id, &store.name),
             partition,
-        )
-        .partitions(partitions)
-        .replication_factor(self.replication_factor)
-        .delivery_timeout(self.delivery_timeout())
-        // The task commits on its interval; the store's own timer is not running.
-        .durability(kstate_kafka::Durability::Async);
+        );
+        // Window and session stores log Kafka Streams' formats, on topics that also delete by
+        // time (their data expires); a TTL store's sweep writes tombstones, so compaction
+        // alone keeps its topic bounded.
+        let config = match &store.kind {
+            StoreKind::KeyValue => config,
+            StoreKind::Window(options) => config
+                .keys(Arc::new(WindowChangelog::new(options)))
+                .retention(options.changelog_retention()),
+            StoreKind::Session(options) => config
+                .keys(Arc::new(SessionChangelog::new(options)))
+                .retention(options.changelog_retention()),
+            StoreKind::Ttl(_) => config.keys(Arc::new(TtlChangelog)),
+        };
+        let config = config
+            .partitions(partitions)
+            .replication_factor(self.replication_factor)
+            .delivery_timeout(self.delivery_timeout())
+            // The task commits on its interval; the store's own timer is not running.
+            .durability(kstate_kafka::Durability::Async);
         match self.guarantee {
             ProcessingGuarantee::AtLeastOnce => config,
             ProcessingGuarantee::ExactlyOnce => config.open_timeout(self.restore_open_timeout()),

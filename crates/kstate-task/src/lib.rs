@@ -64,6 +64,7 @@ mod ids;
 mod open_files;
 mod partitioner;
 mod processor;
+mod query;
 mod restorer;
 mod shared;
 mod status;
@@ -72,7 +73,7 @@ mod task;
 mod timers;
 mod worker;
 
-pub use app::{App, QueryError, Running, StoreQuery};
+pub use app::{App, Running};
 pub use builder::AppBuilder;
 pub use config::{
     ErrorPolicy, GroupProtocol, ParseGuaranteeError, ProcessingGuarantee, ProcessorFactory,
@@ -82,7 +83,11 @@ pub use error::{ProcessorStep, TaskError};
 pub use ids::{Record, TaskId, TimerId};
 pub use partitioner::partition_for;
 pub use processor::{Context, Processor};
+pub use query::{QueryError, Queryable, SessionQuery, StoreQuery, WindowQuery};
 pub use shared::AppState;
 pub use status::{RestoreProgress, TaskState, TaskStatus};
-pub use stores::StoreHandle;
+pub use stores::{
+    SessionHandle, StoreHandle, TaskSessionStore, TaskTtlStore, TaskWindowStore, TtlHandle,
+    WindowHandle,
+};
 pub use timers::{TimeKind, Timer};

@@ -18,7 +18,10 @@ use kstate_kafka::SharedProducer;
 
 use crate::error::TaskError;
 use crate::ids::{Record, TaskId, TimerId};
-use crate::stores::{StoreHandle, TaskStore};
+use crate::stores::{
+    SessionHandle, StoreHandle, TaskSessionStore, TaskStore, TaskTtlStore, TaskWindowStore, Timed,
+    TtlHandle, WindowHandle,
+};
 use crate::timers::{TimeKind, Timer, Timers};
 
 /// What a task runs. One processor per task, made by the application's factory.
@@ -73,6 +76,35 @@ impl<'a> Context<'a> {
     {
         let stores: &'a [TaskStore] = self.stores;
         Store::new(stores[handle.index].view())
+    }
+
+    /// A window store of this task. Keys and values are bytes, as Kafka Streams' changelog
+    /// holds them; call [`observe`](kstate_core::WindowStore::observe) with each record's
+    /// timestamp so that windows close by the records' time.
+    pub fn window_store(&self, handle: &WindowHandle) -> &'a TaskWindowStore {
+        let stores: &'a [TaskStore] = self.stores;
+        match &stores[handle.index].timed {
+            Timed::Window(window) => window,
+            _ => unreachable!("a WindowHandle names a window store"),
+        }
+    }
+
+    /// A session store of this task.
+    pub fn session_store(&self, handle: &SessionHandle) -> &'a TaskSessionStore {
+        let stores: &'a [TaskStore] = self.stores;
+        match &stores[handle.index].timed {
+            Timed::Session(sessions) => sessions,
+            _ => unreachable!("a SessionHandle names a session store"),
+        }
+    }
+
+    /// A TTL store of this task. Its expired keys are swept before each commit.
+    pub fn ttl_store(&self, handle: &TtlHandle) -> &'a TaskTtlStore {
+        let stores: &'a [TaskStore] = self.stores;
+        match &stores[handle.index].timed {
+            Timed::Ttl(ttl) => ttl,
+            _ => unreachable!("a TtlHandle names a TTL store"),
+        }
     }
 
     /// A store of this task by name, as bytes.

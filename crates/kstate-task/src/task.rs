@@ -43,7 +43,7 @@ use crate::config::{ProcessorFactory, StoreSpec};
 use crate::error::{ProcessorStep, TaskError, panic_message};
 use crate::ids::{InputPartition, Record, TaskId};
 use crate::processor::{Context, Latest, Processor};
-use crate::stores::TaskStore;
+use crate::stores::{SWEEP_PER_COMMIT, TaskStore, Timed};
 use crate::timers::Timers;
 
 /// How long an offset an asynchronous commit sent is not sent again without a confirmation.
@@ -115,10 +115,17 @@ impl Task {
                 .options
                 .coalesce
                 .then(|| CoalescingStore::new(logged.clone()));
+            let timed = Timed::open(&spec.kind, &logged).map_err(|source| TaskError::Store {
+                task: id,
+                store: spec.name.clone(),
+                source: Box::new(source),
+            })?;
             stores.push(TaskStore {
                 name: spec.name.clone(),
+                kind: spec.kind,
                 logged,
                 cache,
+                timed,
             });
         }
         let flush_interval = stores
@@ -315,8 +322,15 @@ impl Task {
         Ok(())
     }
 
-    /// Step 1 of a commit: coalesced outputs and store writes go out.
+    /// Step 1 of a commit: TTL stores sweep their expired keys (the tombstones join this
+    /// commit), then coalesced outputs and store writes go out.
     pub(crate) fn prepare_commit(&mut self, producer: &SharedProducer) -> Result<(), TaskError> {
+        for store in &self.stores {
+            if let Timed::Ttl(ttl) = &store.timed {
+                ttl.sweep(SWEEP_PER_COMMIT)
+                    .map_err(|source| self.store_error(store, source))?;
+            }
+        }
         for ((topic, partition, key), value) in std::mem::take(&mut self.latest) {
             producer
                 .send_output(
@@ -421,6 +435,14 @@ impl Task {
             if store.cache.is_some() {
                 store.cache = Some(CoalescingStore::new(store.logged.clone()));
             }
+            // What a store of time holds in memory (its stream time) may be ahead of the
+            // aborted writes' state: read again from the store.
+            store.timed =
+                Timed::open(&store.kind, &store.logged).map_err(|source| TaskError::Store {
+                    task: self.id,
+                    store: store.name.clone(),
+                    source: Box::new(source),
+                })?;
         }
         self.latest = Latest::new();
         self.timers = Timers::default();

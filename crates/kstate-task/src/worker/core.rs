@@ -189,7 +189,7 @@ impl Core {
                     .stores
                     .iter()
                     .map(|s| {
-                        let changelog = config.changelog(&s.name, partition, self.app.partitions);
+                        let changelog = config.changelog(s, partition, self.app.partitions);
                         (s.name.clone(), changelog)
                     })
                     .collect();

@@ -1,0 +1,289 @@
+//! window_ops: what a window store costs — a key's hour of windows read back, an expired segment
+//! dropped, its changelog restored, and the files it keeps open.
+//!
+//! ```text
+//! cargo run --release --example window_ops -- [fetch] [drop] [restore] \
+//!     [--keys 1000] [--windows 1440] [--fetches 100000] [--drop-sizes 100000,1000000] \
+//!     [--restore-keys 10000] [--restore-windows 60] \
+//!     [--client-properties FILE] [--bootstrap-servers HOST:PORT]
+//! ```
+//!
+//! With no part named, runs all three (`restore` needs a broker: `$KAFKA_BOOTSTRAP_SERVERS`,
+//! `--bootstrap-servers` or a `--client-properties` file).
+//!
+//! - `fetch`: a RocksDB window store of `--keys` keys (`k0000`, ...) × `--windows` one-minute
+//!   windows (starts 0, 60,000, ... ms; values 8-byte big-endian counts; retention one day),
+//!   flushed; then `--fetches` `fetch(key, [t, t + 1 h))` at random keys and minutes, each read
+//!   to its end (60 windows), after a tenth as many to warm up. Prints
+//!   `window-fetch kstate p50=<us>us p99=<us>us entries=<per fetch> fetches=<n>` and
+//!   `window-files kstate rocksdbs=1 segments=<n> files=<n>` (the store directory's files; Kafka
+//!   Streams' `WindowBench window-fetch` prints the same two lines for its segmented store on
+//!   the same data).
+//! - `drop`: for each of `--drop-sizes`, a store whose oldest segment holds that many windows
+//!   (flushed to SST files), then the stream time that expires the segment: prints
+//!   `segment-drop entries=<n> ms=<time to drop it> sst_before=<bytes> sst_after=<bytes>`. The
+//!   drop is a range delete plus the removal of the SST files wholly inside the range, so its
+//!   time does not grow with the segment.
+//! - `restore`: a logged window store puts `--restore-keys` × `--restore-windows` windows
+//!   (Kafka Streams' window changelog format), then an empty directory restores that changelog
+//!   and a bare consumer reads the same partition: prints
+//!   `window-restore records=<n> kstate=<r>/s consumer=<r>/s ratio=<kstate/consumer>`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use kstate::kstate_core::{KeyValueStore, WindowChangelog, WindowOptions, WindowStore};
+use kstate::kstate_kafka::{ChangelogConfig, ClientProperties, Durability, LoggedStore};
+use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use kstate_bench::flags::Flags;
+use kstate_bench::latency::Latency;
+
+const MINUTE: i64 = 60_000;
+const HOUR: i64 = 60 * MINUTE;
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// A small, fast, seeded generator: the fetches' keys and times, the same in every run.
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn key(k: u64) -> Vec<u8> {
+    format!("k{k:04}").into_bytes()
+}
+
+fn main() -> Result<()> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let first_flag = args
+        .iter()
+        .position(|a| a.starts_with("--"))
+        .unwrap_or(args.len());
+    let flags = Flags::parse(args.split_off(first_flag).into_iter())?;
+    let mut parts = args;
+    for part in &parts {
+        if !matches!(part.as_str(), "fetch" | "drop" | "restore") {
+            bail!("unknown part {part}: fetch, drop or restore");
+        }
+    }
+    if parts.is_empty() {
+        parts = vec!["fetch".into(), "drop".into(), "restore".into()];
+    }
+    let dir = tempfile::tempdir()?;
+    for part in &parts {
+        match part.as_str() {
+            "fetch" => fetch(&flags, &dir.path().join("fetch"))?,
+            "drop" => drop_segments(&flags, &dir.path().join("drop"))?,
+            _ => restore(&flags, &dir.path().join("restore"))?,
+        }
+    }
+    Ok(())
+}
+
+fn fetch(flags: &Flags, dir: &Path) -> Result<()> {
+    let keys: u64 = flags.number("keys", Some(1000))?;
+    let windows: i64 = flags.number("windows", Some(1440))?;
+    let fetches: u64 = flags.number("fetches", Some(100_000))?;
+    if windows <= 60 {
+        bail!("--windows must be more than 60 (an hour of one-minute windows)");
+    }
+    let options = WindowOptions::tumbling(Duration::from_secs(60)).retention(DAY);
+    let store = WindowStore::open(
+        RocksDbStore::open(dir.join("window"), &RocksDbOptions::default())?,
+        options,
+    )?;
+    let started = Instant::now();
+    for w in 0..windows {
+        for k in 0..keys {
+            store.put(&key(k), w * MINUTE, Some(&(w + 1).to_be_bytes()))?;
+        }
+    }
+    store.inner().flush()?;
+    let puts = keys * windows as u64;
+    println!(
+        "window-fill kstate puts={puts} ms={} ({:.0} puts/s)",
+        started.elapsed().as_millis(),
+        puts as f64 / started.elapsed().as_secs_f64()
+    );
+
+    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+    let starts = (windows - 60) as u64 + 1;
+    let mut latency = Latency::new();
+    let mut entries = 0u64;
+    for i in 0..fetches + fetches / 10 {
+        let k = key(rng.below(keys));
+        let t = rng.below(starts) as i64 * MINUTE;
+        let began = Instant::now();
+        let mut n = 0u64;
+        for entry in store.fetch(&k, t..t + HOUR)? {
+            entry?;
+            n += 1;
+        }
+        if i >= fetches / 10 {
+            latency.record(began.elapsed());
+            entries += n;
+        }
+    }
+    let summary = latency.summary();
+    println!(
+        "window-fetch kstate p50={:.1}us p99={:.1}us entries={} fetches={fetches}",
+        summary.p50_us,
+        summary.p99_us,
+        entries / fetches.max(1)
+    );
+    let segments = (windows - 1) * MINUTE / options.segment_interval_ms() + 1;
+    println!(
+        "window-files kstate rocksdbs=1 segments={segments} files={}",
+        count_files(&dir.join("window"))?
+    );
+    store.into_inner().close()?;
+    Ok(())
+}
+
+/// The files under `dir`, recursively.
+fn count_files(dir: &Path) -> Result<u64> {
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let entry = entry?;
+        n += if entry.file_type()?.is_dir() {
+            count_files(&entry.path())?
+        } else {
+            1
+        };
+    }
+    Ok(n)
+}
+
+fn drop_segments(flags: &Flags, dir: &Path) -> Result<()> {
+    let sizes = flags.optional("drop-sizes").unwrap_or("100000,1000000");
+    for size in sizes.split(',') {
+        let size: u64 = size
+            .replace('_', "")
+            .parse()
+            .with_context(|| format!("--drop-sizes: {size} is not a number"))?;
+        drop_one(size, &dir.join(size.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Fills the first segment (ten minutes) with `entries` windows, expires it, and times the drop.
+fn drop_one(entries: u64, dir: &Path) -> Result<()> {
+    let options = WindowOptions::tumbling(Duration::from_secs(60))
+        .retention(Duration::from_secs(600))
+        .segment_interval(Duration::from_secs(600));
+    let store = WindowStore::open(
+        RocksDbStore::open(dir, &RocksDbOptions::default())?,
+        options,
+    )?;
+    let keys = entries.div_ceil(10);
+    let mut written = 0;
+    'fill: for w in 0..10 {
+        for k in 0..keys {
+            if written == entries {
+                break 'fill;
+            }
+            store.put(
+                format!("key-{k:08}").as_bytes(),
+                w * MINUTE,
+                Some(&[7u8; 8]),
+            )?;
+            written += 1;
+        }
+    }
+    store.inner().flush()?;
+    let before = store.inner().sst_bytes()?;
+    // Stream time twenty minutes on: the first segment (0..10 min) is past retention.
+    let began = Instant::now();
+    store.observe(20 * MINUTE)?;
+    let took = began.elapsed();
+    let after = store.inner().sst_bytes()?;
+    let left = store.fetch_all(..)?.count();
+    if left != 0 {
+        bail!("{left} windows left after their segment was dropped");
+    }
+    println!(
+        "segment-drop entries={entries} ms={:.3} sst_before={before} sst_after={after}",
+        took.as_secs_f64() * 1e3
+    );
+    store.into_inner().close()?;
+    Ok(())
+}
+
+fn restore(flags: &Flags, dir: &Path) -> Result<()> {
+    let keys: u64 = flags.number("restore-keys", Some(10_000))?;
+    let windows: i64 = flags.number("restore-windows", Some(60))?;
+    let cluster = kstate_bench::cluster::required(
+        flags.optional("client-properties").map(Path::new),
+        flags.optional("bootstrap-servers"),
+    )?;
+    let topic = format!(
+        "window-ops-{}-{}",
+        std::process::id(),
+        SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis()
+    );
+    let options = WindowOptions::tumbling(Duration::from_secs(60))
+        .retention(Duration::from_secs(2 * 3600 + 60 * windows.unsigned_abs()));
+    let config = |cluster: &ClientProperties| {
+        ChangelogConfig::new(cluster.clone(), &topic, 0)
+            .durability(Durability::Async)
+            .keys(Arc::new(WindowChangelog::new(&options)))
+            .retention(options.changelog_retention())
+    };
+    // Windows of the last `windows` minutes, so the changelog's retention keeps them all.
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let first = (now / MINUTE - windows) * MINUTE;
+    let result = (|| -> Result<()> {
+        let writer = WindowStore::open(
+            LoggedStore::open(
+                dir.join("writer"),
+                &RocksDbOptions::default(),
+                config(&cluster),
+            )?,
+            options,
+        )?;
+        for w in 0..windows {
+            for k in 0..keys {
+                writer.put(&key(k), first + w * MINUTE, Some(&(w + 1).to_be_bytes()))?;
+            }
+        }
+        writer.inner().commit()?;
+        writer.into_inner().close()?;
+
+        let restored = LoggedStore::open(
+            dir.join("restored"),
+            &RocksDbOptions::default(),
+            config(&cluster),
+        )?;
+        let report = restored.restore_report().clone();
+        let windows_back = WindowStore::open(restored, options)?;
+        let back = windows_back.fetch_all(..)?.count() as u64;
+        if back != keys * windows as u64 {
+            bail!(
+                "restored {back} windows of {} written",
+                keys * windows as u64
+            );
+        }
+        windows_back.into_inner().close()?;
+        let (read, elapsed) = kstate_bench::kafka::bare_read(&cluster, &topic, 0)?;
+        let consumer = read as f64 / elapsed.as_secs_f64();
+        println!(
+            "window-restore records={} kstate={:.0}/s consumer={consumer:.0}/s ratio={:.2}",
+            report.records,
+            report.records_per_sec(),
+            report.records_per_sec() / consumer
+        );
+        Ok(())
+    })();
+    let deleted = tokio::runtime::Runtime::new()?
+        .block_on(kstate_bench::kafka::delete_topics(cluster, &[&topic]));
+    result?;
+    deleted?;
+    Ok(())
+}

@@ -1,0 +1,390 @@
+//! The windowed count (`examples/shared/windowed_count.rs`: per key, counts in tumbling
+//! windows, each window's final count sent once when stream time passes its end plus the grace)
+//! under SIGKILL, in child processes of this test binary (`child_windowed`; `common::child`).
+//!
+//! - **Exactly-once through random kills**: three copies run the application while a producer
+//!   writes timestamped records (some of them late: behind their partition's stream time by more
+//!   than the window and grace), and are killed and restarted at random. Then a record far ahead
+//!   in every partition closes every window. A `read_committed` reader of the output must see
+//!   every window's final count exactly once, and correct: the count of the records of that key
+//!   and window that were not late, late records refused as the partition's order says.
+//! - **A late record after a kill and restart** is refused as it would have been without the
+//!   restart: window [0, 60 s) closes at 70 s; a record at 75 s closes it (its count, 1, is sent);
+//!   the copy is killed and restarted; a record at 30 s arrives first. It is late. A store that
+//!   does not keep stream time across the restart takes it (its stream time starts over at 30 s),
+//!   counts it and sends window 0 again when a record at 200 s passes its close.
+//!
+//! CI runs at least 6 kills and 15 s of chaos; `KSTATE_WINDOWED_KILLS` and
+//! `KSTATE_WINDOWED_SECONDS` run longer, `KSTATE_WINDOWED_SEED` repeats a run's kills.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+#[path = "../examples/shared/windowed_count.rs"]
+mod windowed;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use common::child::{self, ChildEnv, Copies};
+use common::streams::{env_number, read_topic, wait_for};
+use kstate::kstate_core::WindowOptions;
+use kstate::kstate_task::{App, ProcessingGuarantee};
+use kstate_test_broker::unique_topic;
+use rand::{Rng, SeedableRng};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
+
+const PARTITIONS: i32 = 4;
+const KEYS: usize = 40;
+const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+const WAIT: Duration = Duration::from_secs(180);
+/// Between two records of the chaos input, event time.
+const STEP_MS: i64 = 5;
+/// Every this many records, one is late by [`LATE_BY_MS`].
+const LATE_EVERY: usize = 37;
+const LATE_BY_MS: i64 = 3_000;
+
+/// The chaos run's windows: 1 s, grace 200 ms.
+fn chaos_windows() -> WindowOptions {
+    WindowOptions::tumbling(Duration::from_secs(1)).grace(Duration::from_millis(200))
+}
+
+/// The late-record test's windows: 1 minute, grace 10 s (the example's defaults).
+fn minute_windows() -> WindowOptions {
+    WindowOptions::tumbling(Duration::from_secs(60)).grace(Duration::from_secs(10))
+}
+
+/// The application in a child process: `KSTATE_CHILD_*` carry the cluster, application id,
+/// topics and window size and grace; exactly-once; instance id `copy-<slot>`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a child process of the tests of this file, which start it; fails alone"]
+async fn child_windowed() -> anyhow::Result<()> {
+    let env = ChildEnv::get("child_windowed")?;
+    child::init_logging();
+    let slot: usize = env.parse("SLOT")?;
+    let windows = WindowOptions::tumbling(Duration::from_millis(env.parse("WINDOW_MS")?))
+        .grace(Duration::from_millis(env.parse("GRACE_MS")?));
+    let mut builder = App::builder(env.var("APP_ID")?, env.var("SERVERS")?);
+    builder
+        .input(env.var("INPUT")?)
+        .state_dir(env.var("STATE_DIR")?)
+        .commit_interval(COMMIT_INTERVAL)
+        .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
+        .instance_id(format!("copy-{slot}"))
+        .consumer_property("session.timeout.ms", "6000")
+        .consumer_property("heartbeat.interval.ms", "1000");
+    let (app, _counts) = windowed::build(&mut builder, windows, &env.var("OUTPUT")?)?;
+    let running = app.start()?;
+    child::run_until_sigterm(running, &format!("{}: copy {slot}", env.parent())).await
+}
+
+/// One input record: partition, key, timestamp.
+type Input = (i32, Vec<u8>, i64);
+
+fn send_all(servers: &str, topic: &str, records: &[Input]) -> anyhow::Result<()> {
+    let producer = kstate_bench::kafka::producer(
+        kstate::kstate_kafka::ClientProperties::new(servers),
+        5,
+        DefaultProducerContext,
+    )?;
+    for (partition, key, time) in records {
+        kstate_bench::kafka::send(
+            &producer,
+            BaseRecord::to(topic)
+                .partition(*partition)
+                .key(&key[..])
+                .payload(&b"x"[..])
+                .timestamp(*time),
+        );
+    }
+    producer.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
+/// The final counts a correct run sends, `<key>@<start>` → count: each partition's records in
+/// order, a record late when its window closed by the partition's stream time, every window
+/// closed by the end.
+fn expected_finals(records: &[Input], windows: &WindowOptions) -> BTreeMap<Vec<u8>, u64> {
+    let mut counts: BTreeMap<(Vec<u8>, i64), u64> = BTreeMap::new();
+    let mut stream: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut closing: BTreeMap<i32, i64> = BTreeMap::new();
+    for (partition, key, time) in records {
+        let now = stream.entry(*partition).or_insert(*time);
+        *now = (*now).max(*time);
+        closing.insert(*partition, *now);
+        for start in windows.windows_containing(*time) {
+            if windows.closes_at(start) > *now {
+                *counts.entry((key.clone(), start)).or_default() += 1;
+            }
+        }
+    }
+    counts
+        .into_iter()
+        .filter(|((key, start), _)| {
+            let partition = partition_of(key);
+            closing
+                .get(&partition)
+                .is_some_and(|now| windows.closes_at(*start) <= *now)
+        })
+        .map(|((key, start), n)| {
+            let mut out = key;
+            out.extend_from_slice(format!("@{start}").as_bytes());
+            (out, n)
+        })
+        .collect()
+}
+
+fn key(k: usize) -> Vec<u8> {
+    format!("key-{k}").into_bytes()
+}
+
+fn partition_of(key: &[u8]) -> i32 {
+    let k: usize = std::str::from_utf8(&key[4..]).unwrap().parse().unwrap();
+    (k % PARTITIONS as usize) as i32
+}
+
+/// Every output record, `<key>@<start>` → every count sent for it.
+fn outputs(servers: &str, topic: &str) -> anyhow::Result<BTreeMap<Vec<u8>, Vec<u64>>> {
+    let mut sent: BTreeMap<Vec<u8>, Vec<u64>> = BTreeMap::new();
+    for (_, _, key, value) in read_topic(servers, topic, PARTITIONS)? {
+        let count = std::str::from_utf8(&value.context("an output without a value")?)?.parse()?;
+        sent.entry(key).or_default().push(count);
+    }
+    Ok(sent)
+}
+
+/// Waits until the output holds every expected window, then checks it holds nothing else and
+/// each once.
+fn check_output(
+    servers: &str,
+    topic: &str,
+    expected: &BTreeMap<Vec<u8>, u64>,
+    copies: &mut Copies,
+) -> anyhow::Result<()> {
+    let waited = wait_for("every window's final count", WAIT, || {
+        copies.check_alive()?;
+        Ok(outputs(servers, topic)?.len() >= expected.len())
+    });
+    waited.map_err(|e| anyhow::anyhow!("{e}\n{}", copies.logs()))?;
+    // A late duplicate would show within a few commit intervals.
+    std::thread::sleep(COMMIT_INTERVAL * 5 + Duration::from_secs(1));
+    let sent = outputs(servers, topic)?;
+    let mut problems = Vec::new();
+    for (window, counts) in &sent {
+        let name = String::from_utf8_lossy(window);
+        match expected.get(window) {
+            None => problems.push(format!("{name}: sent {counts:?}, expected nothing")),
+            Some(n) if counts != &[*n] => {
+                problems.push(format!("{name}: sent {counts:?}, expected [{n}]"))
+            }
+            Some(_) => {}
+        }
+    }
+    for window in expected.keys().filter(|w| !sent.contains_key(*w)) {
+        problems.push(format!("{}: never sent", String::from_utf8_lossy(window)));
+    }
+    anyhow::ensure!(
+        problems.is_empty(),
+        "{} of {} windows wrong: {}\n{}",
+        problems.len(),
+        expected.len(),
+        problems
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; "),
+        copies.logs()
+    );
+    Ok(())
+}
+
+async fn copies_for(
+    name: &str,
+    servers: &str,
+    windows: &WindowOptions,
+    n: usize,
+) -> anyhow::Result<(Copies, String, String)> {
+    let (input, output) = (
+        unique_topic(&format!("{name}-in")),
+        unique_topic(&format!("{name}-out")),
+    );
+    common::create_topic(servers, &input, PARTITIONS, "delete").await?;
+    common::create_topic(servers, &output, PARTITIONS, "delete").await?;
+    let env = vec![
+        ("SERVERS", servers.to_string()),
+        ("APP_ID", unique_topic(name)),
+        ("INPUT", input.clone()),
+        ("OUTPUT", output.clone()),
+        ("WINDOW_MS", windows.size_ms().to_string()),
+        ("GRACE_MS", windows.grace_ms().to_string()),
+    ];
+    Ok((Copies::new(name, "child_windowed", &env, n)?, input, output))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_final_counts_through_random_kills_are_sent_once_and_correct()
+-> anyhow::Result<()> {
+    let name = "windowed-eos";
+    let min_kills = env_number("KSTATE_WINDOWED_KILLS").unwrap_or(6) as usize;
+    let seconds = env_number("KSTATE_WINDOWED_SECONDS").unwrap_or(15);
+    let seed = env_number("KSTATE_WINDOWED_SEED").unwrap_or_else(|| rand::rng().random());
+    eprintln!("{name}: at least {seconds} s and {min_kills} kills, seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let windows = chaos_windows();
+    let (mut copies, input, output) = copies_for(name, &servers, &windows, 3).await?;
+    for slot in 0..3 {
+        copies.spawn(slot)?;
+    }
+    // Event time starts now, so that the changelogs' retention (by record time) keeps it all.
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+    let mut records: Vec<Input> = Vec::new();
+    let started = Instant::now();
+    let mut kills = 0;
+    let mut i = 0usize;
+    while started.elapsed() < Duration::from_secs(seconds) || kills < min_kills {
+        let batch: Vec<Input> = (i..i + 400)
+            .map(|i| {
+                let k = i % KEYS;
+                let mut time = base + i as i64 * STEP_MS;
+                if i % LATE_EVERY == LATE_EVERY - 1 {
+                    time -= LATE_BY_MS;
+                }
+                ((k % PARTITIONS as usize) as i32, key(k), time)
+            })
+            .collect();
+        i += batch.len();
+        send_all(&servers, &input, &batch)?;
+        records.extend(batch);
+        std::thread::sleep(Duration::from_millis(rng.random_range(500..1_500)));
+        let slot = rng.random_range(0..3);
+        copies.kill(slot)?;
+        kills += 1;
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1_000)));
+        copies.spawn(slot)?;
+    }
+    // A record far ahead in every partition closes every window so far.
+    let end = base + i as i64 * STEP_MS + 10_000;
+    let closers: Vec<Input> = (0..PARTITIONS as usize)
+        .map(|p| (p as i32, key(p), end))
+        .collect();
+    send_all(&servers, &input, &closers)?;
+    records.extend(closers);
+    let expected = expected_finals(&records, &windows);
+    eprintln!(
+        "{name}: {} records, {} windows, {kills} kills in {:.0?}",
+        records.len(),
+        expected.len(),
+        started.elapsed()
+    );
+    check_output(&servers, &output, &expected, &mut copies)?;
+    copies.stop_all()?;
+    copies.check_no_foreign_writes(&copies.all())?;
+    copies.finished();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_record_after_a_kill_and_restart_is_refused_as_before() -> anyhow::Result<()> {
+    let name = "windowed-late";
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let windows = minute_windows();
+    let (mut copies, input, output) = copies_for(name, &servers, &windows, 1).await?;
+    copies.spawn(0)?;
+    let a = key(0);
+    let second = 1_000i64;
+    send_all(
+        &servers,
+        &input,
+        &[(0, a.clone(), 10 * second), (0, a.clone(), 75 * second)],
+    )?;
+    // Window 0 closed at 70 s and went out, with its count, 1.
+    let window_0 = b"key-0@0".to_vec();
+    let sent = wait_for("window 0's final count", WAIT, || {
+        copies.check_alive()?;
+        Ok(outputs(&servers, &output)?.contains_key(&window_0))
+    });
+    sent.map_err(|e| anyhow::anyhow!("{e}\n{}", copies.logs()))?;
+    // Committed with it: the store's stream time, 75 s. Then a crash.
+    std::thread::sleep(COMMIT_INTERVAL * 5);
+    copies.kill(0)?;
+    copies.spawn(0)?;
+    // Late before the crash (window 0 closed at 70 s), so late after it.
+    send_all(
+        &servers,
+        &input,
+        &[(0, a.clone(), 30 * second), (0, a.clone(), 200 * second)],
+    )?;
+    let expected: BTreeMap<Vec<u8>, u64> = [(window_0, 1), (b"key-0@60000".to_vec(), 1)]
+        .into_iter()
+        .collect();
+    check_output(&servers, &output, &expected, &mut copies)?;
+    copies.stop_all()?;
+    copies.finished();
+    Ok(())
+}
+
+/// `Running::query` on the window store's handle reads the counts of the windows still open,
+/// from the task that owns the partition, and names a partition that is not here.
+#[tokio::test(flavor = "multi_thread")]
+async fn open_windows_are_queryable_while_the_task_runs() -> anyhow::Result<()> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let (input, output) = (
+        unique_topic("windowed-query-in"),
+        unique_topic("windowed-query-out"),
+    );
+    common::create_topic(&servers, &input, PARTITIONS, "delete").await?;
+    common::create_topic(&servers, &output, PARTITIONS, "delete").await?;
+    let state = tempfile::tempdir()?;
+    let mut builder = App::builder(unique_topic("windowed-query"), servers.clone());
+    builder
+        .input(input.clone())
+        .state_dir(state.path())
+        .commit_interval(COMMIT_INTERVAL);
+    let (app, counts) = windowed::build(&mut builder, minute_windows(), &output)?;
+    let running = app.start()?;
+    let a = key(1);
+    let p = partition_of(&a);
+    let second = 1_000i64;
+    send_all(
+        &servers,
+        &input,
+        &[
+            (p, a.clone(), 10 * second),
+            (p, a.clone(), 20 * second),
+            (p, a.clone(), 65 * second),
+        ],
+    )?;
+    let query = running.query(&counts);
+    wait_for("both windows' counts", WAIT, || {
+        let windows = match query.fetch(p, &a, ..) {
+            Ok(windows) => windows,
+            Err(kstate::kstate_task::QueryError::NotHere { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let got: Vec<(i64, i64)> = windows
+            .iter()
+            .map(|w| (w.start(), i64::from_be_bytes(w.value().try_into().unwrap())))
+            .collect();
+        Ok(got == [(0, 2), (60_000, 1)])
+    })?;
+    // Window [0, 60 s) is open (it closes at 70 s); a time range picks windows by start.
+    let first: Vec<i64> = query
+        .fetch(p, &a, 0..60_000)?
+        .iter()
+        .map(|w| w.start())
+        .collect();
+    assert_eq!(first, [0]);
+    assert_eq!(query.fetch_all(p, ..)?.len(), 2);
+    assert!(matches!(
+        query.fetch(PARTITIONS, &a, ..),
+        Err(kstate::kstate_task::QueryError::NotHere { partition, .. }) if partition == PARTITIONS
+    ));
+    drop(running);
+    Ok(())
+}
