@@ -31,6 +31,19 @@ pub trait ChangelogKeys: Send + Sync + Debug {
     fn replay(&self, store: &dyn KeyValueStore) -> Result<Box<dyn ChangelogReplay>>;
 }
 
+/// Where a replay writes the mutations a record stands for: the restore's chunk, which copies
+/// them in (no allocation per record), or a `Vec` of mutations.
+pub trait MutationSink {
+    /// Writes `key` → `value` (`None`: a delete).
+    fn write(&mut self, key: &[u8], value: Option<&[u8]>);
+}
+
+impl MutationSink for Vec<Mutation> {
+    fn write(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.push((key.to_vec(), value.map(<[u8]>::to_vec)));
+    }
+}
+
 /// Turns changelog records back into store mutations, in changelog order, during one restore.
 pub trait ChangelogReplay: Send {
     /// Appends to `out` the mutations the record `key` → `value` (`None`: a tombstone) stands
@@ -44,10 +57,10 @@ pub trait ChangelogReplay: Send {
         key: &[u8],
         value: Option<&[u8]>,
         stream_time: Option<i64>,
-        out: &mut Vec<Mutation>,
+        out: &mut dyn MutationSink,
     ) -> Result<(), BoxError>;
 
     /// Appends the derived local keys to write with a chunk of replayed records, atomically with
     /// it and its position (the stream time the records so far advanced to).
-    fn end_of_chunk(&mut self, out: &mut Vec<Mutation>);
+    fn end_of_chunk(&mut self, out: &mut dyn MutationSink);
 }

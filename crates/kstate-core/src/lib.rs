@@ -46,7 +46,7 @@ pub mod ttl;
 mod typed;
 pub mod window;
 
-pub use changelog_keys::{ChangelogKeys, ChangelogReplay};
+pub use changelog_keys::{ChangelogKeys, ChangelogReplay, MutationSink};
 pub use codec::{Bincode, Codec, OrderedKey};
 pub use error::{BoxError, Error, HexBytes, PoisonReason, Result};
 pub use memory::MemoryStore;

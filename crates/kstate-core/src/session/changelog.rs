@@ -6,11 +6,11 @@
 
 use std::borrow::Cow;
 
-use crate::changelog_keys::{ChangelogKeys, ChangelogReplay};
+use crate::changelog_keys::{ChangelogKeys, ChangelogReplay, MutationSink};
 use crate::error::{BoxError, Result};
 use crate::segments::{self, DATA, STREAM_TIME_KEY, Segments};
 use crate::session::store::{SUFFIX, SessionOptions, decode_session_key, session_key};
-use crate::store::{KeyValueStore, Mutation};
+use crate::store::KeyValueStore;
 
 /// The [`ChangelogKeys`] of a [`SessionStore`](crate::SessionStore) with these options.
 #[derive(Debug, Clone, Copy)]
@@ -63,7 +63,7 @@ impl ChangelogReplay for SessionReplay {
         key: &[u8],
         value: Option<&[u8]>,
         stream_time: Option<i64>,
-        out: &mut Vec<Mutation>,
+        out: &mut dyn MutationSink,
     ) -> Result<(), BoxError> {
         let Some(split) = key.len().checked_sub(SUFFIX) else {
             return Err(format!(
@@ -85,19 +85,16 @@ impl ChangelogReplay for SessionReplay {
             let time = stream_time.map_or(end, |t| t.max(end));
             self.stream_time = Some(self.stream_time.map_or(time, |t| t.max(time)));
         }
-        out.push((
-            session_key(&self.segments, user_key, start, end),
-            value.map(<[u8]>::to_vec),
-        ));
+        out.write(&session_key(&self.segments, user_key, start, end), value);
         Ok(())
     }
 
-    fn end_of_chunk(&mut self, out: &mut Vec<Mutation>) {
+    fn end_of_chunk(&mut self, out: &mut dyn MutationSink) {
         if self.written == self.stream_time {
             return;
         }
         if let Some(t) = self.stream_time {
-            out.push((STREAM_TIME_KEY.to_vec(), Some(t.to_be_bytes().to_vec())));
+            out.write(STREAM_TIME_KEY, Some(&t.to_be_bytes()));
         }
         self.written = self.stream_time;
     }

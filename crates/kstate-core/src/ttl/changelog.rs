@@ -5,10 +5,10 @@
 
 use std::borrow::Cow;
 
-use crate::changelog_keys::{ChangelogKeys, ChangelogReplay};
+use crate::changelog_keys::{ChangelogKeys, ChangelogReplay, MutationSink};
 use crate::error::{BoxError, Result};
 use crate::segments::{self, STREAM_TIME_KEY};
-use crate::store::{KeyValueStore, Mutation};
+use crate::store::KeyValueStore;
 use crate::ttl::store::{DATA, HEADER, data_key, header, index_key};
 
 /// The [`ChangelogKeys`] of a [`TtlStore`](crate::TtlStore).
@@ -45,10 +45,10 @@ impl ChangelogReplay for TtlReplay {
         key: &[u8],
         value: Option<&[u8]>,
         stream_time: Option<i64>,
-        out: &mut Vec<Mutation>,
+        out: &mut dyn MutationSink,
     ) -> Result<(), BoxError> {
         let Some(value) = value else {
-            out.push((data_key(key), None));
+            out.write(&data_key(key), None);
             return Ok(());
         };
         let Some((written, expires)) = header(value) else {
@@ -61,17 +61,17 @@ impl ChangelogReplay for TtlReplay {
         };
         let time = stream_time.map_or(written, |t| t.max(written));
         self.stream_time = Some(self.stream_time.map_or(time, |t| t.max(time)));
-        out.push((data_key(key), Some(value.to_vec())));
-        out.push((index_key(key, expires), Some(Vec::new())));
+        out.write(&data_key(key), Some(value));
+        out.write(&index_key(key, expires), Some(&[]));
         Ok(())
     }
 
-    fn end_of_chunk(&mut self, out: &mut Vec<Mutation>) {
+    fn end_of_chunk(&mut self, out: &mut dyn MutationSink) {
         if self.written == self.stream_time {
             return;
         }
         if let Some(t) = self.stream_time {
-            out.push((STREAM_TIME_KEY.to_vec(), Some(t.to_be_bytes().to_vec())));
+            out.write(STREAM_TIME_KEY, Some(&t.to_be_bytes()));
         }
         self.written = self.stream_time;
     }

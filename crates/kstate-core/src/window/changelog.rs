@@ -11,10 +11,10 @@
 
 use std::borrow::Cow;
 
-use crate::changelog_keys::{ChangelogKeys, ChangelogReplay};
+use crate::changelog_keys::{ChangelogKeys, ChangelogReplay, MutationSink};
 use crate::error::{BoxError, Result};
 use crate::segments::{self, DATA, STREAM_TIME_KEY, Segments};
-use crate::store::{KeyValueStore, Mutation};
+use crate::store::KeyValueStore;
 use crate::window::options::WindowOptions;
 use crate::window::store::{SEQ_KEY, SUFFIX, decode_entry_key};
 
@@ -60,6 +60,7 @@ impl ChangelogKeys for WindowChangelog {
             stream_time,
             seq,
             written: (stream_time, seq),
+            key: Vec::new(),
         }))
     }
 }
@@ -70,6 +71,8 @@ struct WindowReplay {
     seq: Option<u32>,
     /// What the store holds of both.
     written: (Option<i64>, Option<u32>),
+    /// The local key being built.
+    key: Vec<u8>,
 }
 
 impl ChangelogReplay for WindowReplay {
@@ -78,7 +81,7 @@ impl ChangelogReplay for WindowReplay {
         key: &[u8],
         value: Option<&[u8]>,
         stream_time: Option<i64>,
-        out: &mut Vec<Mutation>,
+        out: &mut dyn MutationSink,
     ) -> Result<(), BoxError> {
         let Some(split) = key.len().checked_sub(SUFFIX) else {
             return Err(format!(
@@ -99,24 +102,26 @@ impl ChangelogReplay for WindowReplay {
         let time = stream_time.map_or(start, |t| t.max(start));
         self.stream_time = Some(self.stream_time.map_or(time, |t| t.max(time)));
         self.seq = Some(self.seq.map_or(seq, |s| s.max(seq)));
-        let mut store_key = self.segments.prefix(self.segments.id(start));
-        store_key.reserve(user_key.len() + 2 + SUFFIX);
-        segments::escape_into(user_key, &mut store_key);
+        // Built in a buffer kept across records: a restore maps millions of them.
+        let store_key = &mut self.key;
+        store_key.clear();
+        store_key.extend_from_slice(&self.segments.prefix(self.segments.id(start)));
+        segments::escape_into(user_key, store_key);
         store_key.extend_from_slice(&segments::flip(start));
         store_key.extend_from_slice(&seq.to_be_bytes());
-        out.push((store_key, value.map(<[u8]>::to_vec)));
+        out.write(store_key, value);
         Ok(())
     }
 
-    fn end_of_chunk(&mut self, out: &mut Vec<Mutation>) {
+    fn end_of_chunk(&mut self, out: &mut dyn MutationSink) {
         if self.written == (self.stream_time, self.seq) {
             return;
         }
         if let Some(t) = self.stream_time {
-            out.push((STREAM_TIME_KEY.to_vec(), Some(t.to_be_bytes().to_vec())));
+            out.write(STREAM_TIME_KEY, Some(&t.to_be_bytes()));
         }
         if let Some(seq) = self.seq {
-            out.push((SEQ_KEY.to_vec(), Some(seq.to_be_bytes().to_vec())));
+            out.write(SEQ_KEY, Some(&seq.to_be_bytes()));
         }
         self.written = (self.stream_time, self.seq);
     }

@@ -19,7 +19,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use kstate_core::{BoxError, ChangelogReplay, KeyValueStore};
+use kstate_core::{BoxError, ChangelogReplay, KeyValueStore, MutationSink};
 use kstate_rocksdb::RocksDbStore;
 use rdkafka::Offset;
 use rdkafka::TopicPartitionList;
@@ -153,7 +153,6 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                 Some(keys) => Some(keys.replay(store)?),
                 None => None,
             };
-            let mut mapped = Vec::new();
             let mut batch = Chunk::default();
             let mut last_offset = start_offset - 1;
             let mut last_progress = Instant::now();
@@ -192,13 +191,10 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                             None => batch.push(key, value),
                             Some(replay) => {
                                 replay
-                                    .record(key, value, sent_stream_time(&message), &mut mapped)
+                                    .record(key, value, sent_stream_time(&message), &mut batch)
                                     .map_err(|e| {
                                         bad("the record's key does not map".into(), Some(e))
                                     })?;
-                                for (k, v) in mapped.drain(..) {
-                                    batch.push(&k, v.as_deref());
-                                }
                             }
                         }
                         last_offset = offset;
@@ -316,11 +312,7 @@ fn sent_stream_time(message: &rdkafka::message::BorrowedMessage<'_>) -> Option<i
 /// Appends the derived local keys of a mapped store to `batch`, which is about to be written.
 fn end_chunk(replay: &mut Option<Box<dyn ChangelogReplay>>, batch: &mut Chunk) {
     if let Some(replay) = replay {
-        let mut derived = Vec::new();
-        replay.end_of_chunk(&mut derived);
-        for (k, v) in derived {
-            batch.push(&k, v.as_deref());
-        }
+        replay.end_of_chunk(batch);
     }
 }
 
@@ -487,6 +479,12 @@ impl Chunk {
         self.bytes.clear();
         self.records.clear();
         self.read = 0;
+    }
+}
+
+impl MutationSink for Chunk {
+    fn write(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.push(key, value);
     }
 }
 
