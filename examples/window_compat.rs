@@ -21,10 +21,10 @@
 //!   to 5 min behind (mostly too late: Kafka Streams drops them, and they never reach the
 //!   changelog). The times are recent, so that the changelog's `retention.ms` (the store's
 //!   retention plus a day) keeps every record, and end 30 s into the minute before the current
-//!   one: stream time then sits half a window past the latest window's start, where Kafka
-//!   Streams' store (whose stream time is the latest window start) and a kstate store restored
-//!   from its changelog (whose stream time is the latest record time) disagree about the
-//!   oldest window a retention of size + grace keeps (benches/kafka-streams/README.md).
+//!   one: stream time then sits half a window past the latest window's start, where the
+//!   latest window start (Kafka Streams' stream time, and a restored kstate store's) and the
+//!   latest record time would disagree about the oldest window a retention of size + grace
+//!   keeps (benches/kafka-streams/README.md).
 //! - `restore` restores every partition of the changelog into a fresh kstate window store,
 //!   through kstate-kafka's restore with [`WindowChangelog`] keys (the path a task's store takes
 //!   when it has lost its disk), and writes every visible (key, window start) and count as
