@@ -39,6 +39,7 @@ mod range;
 mod segments;
 pub mod session;
 mod store;
+mod stream_clock;
 pub mod sync;
 #[cfg(feature = "testkit")]
 pub mod testkit;

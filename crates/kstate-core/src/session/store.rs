@@ -1,20 +1,16 @@
 //! [`SessionStore`]: sessions of activity per key over any [`KeyValueStore`].
 
 use std::ops::Bound;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::range::{KeyRange, Order};
 use crate::segments::{self, STREAM_TIME_KEY, Segments};
 use crate::store::{Batch, EntryIter, KeyValueStore};
-use crate::sync::lock;
+use crate::stream_clock::StreamClock;
 
 /// Bytes after a session's escaped key: its end (8) and start (8).
 pub(crate) const SUFFIX: usize = 16;
-/// No stream time yet.
-const NONE: i64 = i64::MIN;
 /// Kafka Streams' floor for a segment.
 const MIN_DEFAULT_SEGMENT_MS: i64 = 60_000;
 
@@ -129,10 +125,7 @@ pub struct SessionStore<S> {
     store: S,
     options: SessionOptions,
     segments: Segments,
-    stream_time: AtomicI64,
-    dropped_below: AtomicI64,
-    expired_writes: AtomicU64,
-    writing: Mutex<()>,
+    clock: StreamClock,
 }
 
 impl<S: KeyValueStore> SessionStore<S> {
@@ -148,20 +141,13 @@ impl<S: KeyValueStore> SessionStore<S> {
     /// to its reads, and the writer drops it.
     pub fn reader(store: S, options: SessionOptions) -> Result<Self> {
         options.validate(store.name())?;
-        let stream_time = store
-            .get(STREAM_TIME_KEY)?
-            .and_then(|v| segments::decode_time(&v))
-            .unwrap_or(NONE);
-        let sessions = SessionStore {
-            segments: options.segments(),
+        let segments = options.segments();
+        Ok(SessionStore {
+            clock: StreamClock::read(&store, segments)?,
+            segments,
             store,
             options,
-            stream_time: AtomicI64::new(stream_time),
-            dropped_below: AtomicI64::new(i64::MIN),
-            expired_writes: AtomicU64::new(0),
-            writing: Mutex::new(()),
-        };
-        Ok(sessions)
+        })
     }
 
     /// The store underneath.
@@ -181,28 +167,18 @@ impl<S: KeyValueStore> SessionStore<S> {
 
     /// The latest session end put or time [observed](Self::observe) (`None`: none yet).
     pub fn stream_time(&self) -> Option<i64> {
-        match self.stream_time.load(Ordering::Acquire) {
-            NONE => None,
-            t => Some(t),
-        }
+        self.clock.now()
     }
 
     /// Writes refused since open because their session had expired.
     pub fn expired_writes(&self) -> u64 {
-        self.expired_writes.load(Ordering::Relaxed)
+        self.clock.expired_writes()
     }
 
     /// Advances stream time to `time` (a record's timestamp), if it is later; see
     /// [`WindowStore::observe`](crate::WindowStore::observe).
     pub fn observe(&self, time: i64) -> Result<()> {
-        let guard = lock(&self.writing);
-        if self.stream_time().is_some_and(|now| now >= time) {
-            return Ok(());
-        }
-        self.store.put(STREAM_TIME_KEY, &time.to_be_bytes())?;
-        self.stream_time.store(time, Ordering::Release);
-        drop(guard);
-        self.drop_expired()
+        self.clock.observe(&self.store, time)
     }
 
     /// Stores `value` for `key`'s session `start..=end`.
@@ -267,10 +243,9 @@ impl<S: KeyValueStore> SessionStore<S> {
         let start = joined.iter().map(|s| s.start).fold(time, i64::min);
         let end = joined.iter().map(|s| s.end).fold(time, i64::max);
         if end < self.min_live() {
-            self.expired_writes.fetch_add(1, Ordering::Relaxed);
             return Ok((
                 SessionPut::Expired {
-                    stream_time: self.stream_time().unwrap_or(NONE),
+                    stream_time: self.clock.refuse(self.stream_time()),
                 },
                 None,
             ));
@@ -296,13 +271,12 @@ impl<S: KeyValueStore> SessionStore<S> {
         removed: &[(i64, i64)],
         stored: Option<(i64, i64, &[u8])>,
     ) -> Result<SessionPut> {
-        let guard = lock(&self.writing);
+        let guard = self.clock.lock();
         let now = self.stream_time();
         if let Some((start, end, _)) = stored {
             if end < self.segments.min_live(now) {
-                self.expired_writes.fetch_add(1, Ordering::Relaxed);
                 return Ok(SessionPut::Expired {
-                    stream_time: now.unwrap_or(NONE),
+                    stream_time: self.clock.refuse(now),
                 });
             }
             if start > end {
@@ -330,7 +304,7 @@ impl<S: KeyValueStore> SessionStore<S> {
             None => self.store.write(batch)?,
         }
         if let Some(end) = advanced {
-            self.stream_time.store(end, Ordering::Release);
+            self.clock.advance_to(end);
             drop(guard);
             self.drop_expired()?;
         }
@@ -338,7 +312,7 @@ impl<S: KeyValueStore> SessionStore<S> {
     }
 
     fn min_live(&self) -> i64 {
-        self.segments.min_live(self.stream_time())
+        self.clock.min_live()
     }
 
     fn session_key(&self, key: &[u8], start: i64, end: i64) -> Vec<u8> {
@@ -362,14 +336,7 @@ impl<S: KeyValueStore> SessionStore<S> {
     }
 
     fn drop_expired(&self) -> Result<()> {
-        let Some(now) = self.stream_time() else {
-            return Ok(());
-        };
-        let first_live = self.segments.id(self.segments.min_live(Some(now)));
-        if self.dropped_below.fetch_max(first_live, Ordering::AcqRel) >= first_live {
-            return Ok(());
-        }
-        self.store.drop_range(&self.segments.expired(Some(now)))
+        self.clock.drop_expired(&self.store)
     }
 }
 

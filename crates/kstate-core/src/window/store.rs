@@ -1,22 +1,19 @@
 //! [`WindowStore`]: values per (key, window start) over any [`KeyValueStore`].
 
 use std::ops::{Bound, RangeBounds};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::{Error, Result};
 use crate::range::{KeyRange, Order};
 use crate::segments::{self, STREAM_TIME_KEY, Segments};
 use crate::store::{Batch, EntryIter, KeyValueStore};
-use crate::sync::lock;
+use crate::stream_clock::StreamClock;
 use crate::window::options::WindowOptions;
 
 /// The local key holding the next duplicate's sequence number.
 pub(crate) const SEQ_KEY: &[u8] = b"\x00seq";
 /// Bytes after an entry's escaped key: window start (8) and sequence number (4).
 pub(crate) const SUFFIX: usize = 12;
-/// No stream time yet.
-const NONE: i64 = i64::MIN;
 
 /// What [`WindowStore::put`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,13 +80,8 @@ pub struct WindowStore<S> {
     store: S,
     options: WindowOptions,
     segments: Segments,
-    stream_time: AtomicI64,
-    /// The first segment still live at the last drop.
-    dropped_below: AtomicI64,
+    clock: StreamClock,
     next_seq: AtomicU32,
-    expired_writes: AtomicU64,
-    /// Serialises writes, so that the stored stream time only grows.
-    writing: Mutex<()>,
 }
 
 /// A time range in normal form, both ends inclusive.
@@ -122,28 +114,21 @@ impl<S: KeyValueStore> WindowStore<S> {
     /// to its reads, and the writer drops it.
     pub fn reader(store: S, options: WindowOptions) -> Result<Self> {
         options.validate(store.name())?;
-        let stream_time = store
-            .get(STREAM_TIME_KEY)?
-            .and_then(|v| segments::decode_time(&v))
-            .unwrap_or(NONE);
+        let segments = Segments {
+            interval: options.segment_interval_ms(),
+            retention: options.retention_ms(),
+        };
         let next_seq = store
             .get(SEQ_KEY)?
             .and_then(|v| v.try_into().ok().map(u32::from_be_bytes))
             .unwrap_or(0);
-        let window = WindowStore {
-            segments: Segments {
-                interval: options.segment_interval_ms(),
-                retention: options.retention_ms(),
-            },
+        Ok(WindowStore {
+            clock: StreamClock::read(&store, segments)?,
+            segments,
             store,
             options,
-            stream_time: AtomicI64::new(stream_time),
-            dropped_below: AtomicI64::new(i64::MIN),
             next_seq: AtomicU32::new(next_seq),
-            expired_writes: AtomicU64::new(0),
-            writing: Mutex::new(()),
-        };
-        Ok(window)
+        })
     }
 
     /// The store underneath.
@@ -163,28 +148,23 @@ impl<S: KeyValueStore> WindowStore<S> {
 
     /// The latest window start put or time [observed](Self::observe) (`None`: none yet).
     pub fn stream_time(&self) -> Option<i64> {
-        match self.stream_time.load(Ordering::Acquire) {
-            NONE => None,
-            t => Some(t),
-        }
+        self.clock.now()
     }
 
     /// Writes refused since open because their window had expired.
     pub fn expired_writes(&self) -> u64 {
-        self.expired_writes.load(Ordering::Relaxed)
+        self.clock.expired_writes()
     }
 
     /// Stores `value` for `key`'s window starting at `start` (`None` deletes it; with
     /// duplicates retained, `None` writes nothing, as in Kafka Streams). Advances stream time
     /// to `start`, dropping the segments that leaves wholly expired.
     pub fn put(&self, key: &[u8], start: i64, value: Option<&[u8]>) -> Result<WindowPut> {
-        let guard = lock(&self.writing);
-        let now = self.stream_time.load(Ordering::Acquire);
-        let now = (now != NONE).then_some(now);
+        let guard = self.clock.lock();
+        let now = self.clock.now();
         if start < self.segments.min_live(now) {
-            self.expired_writes.fetch_add(1, Ordering::Relaxed);
             return Ok(WindowPut::Expired {
-                stream_time: now.unwrap_or(NONE),
+                stream_time: self.clock.refuse(now),
             });
         }
         let retain = self.options.retain_duplicates;
@@ -209,7 +189,7 @@ impl<S: KeyValueStore> WindowStore<S> {
         let time = now.map_or(start, |now| now.max(start));
         self.store.write_at(batch, time)?;
         if advanced {
-            self.stream_time.store(start, Ordering::Release);
+            self.clock.advance_to(start);
             drop(guard);
             self.drop_expired()?;
         }
@@ -221,14 +201,7 @@ impl<S: KeyValueStore> WindowStore<S> {
     /// the window starts put. Stored with the data (a local key), so it survives a restart; a
     /// restore from the changelog alone knows only the window starts.
     pub fn observe(&self, time: i64) -> Result<()> {
-        let guard = lock(&self.writing);
-        if self.stream_time().is_some_and(|now| now >= time) {
-            return Ok(());
-        }
-        self.store.put(STREAM_TIME_KEY, &time.to_be_bytes())?;
-        self.stream_time.store(time, Ordering::Release);
-        drop(guard);
-        self.drop_expired()
+        self.clock.observe(&self.store, time)
     }
 
     /// The value of `key`'s window starting at `start` (with duplicates retained: the first).
@@ -375,14 +348,7 @@ impl<S: KeyValueStore> WindowStore<S> {
     /// drop. Everything below the first live segment goes each time, so what uncommitted writes
     /// of a changelog-backed store put back under it later goes at the next drop.
     fn drop_expired(&self) -> Result<()> {
-        let Some(now) = self.stream_time() else {
-            return Ok(());
-        };
-        let first_live = self.segments.id(self.segments.min_live(Some(now)));
-        if self.dropped_below.fetch_max(first_live, Ordering::AcqRel) >= first_live {
-            return Ok(());
-        }
-        self.store.drop_range(&self.segments.expired(Some(now)))
+        self.clock.drop_expired(&self.store)
     }
 }
 
