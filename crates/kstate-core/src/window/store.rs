@@ -206,11 +206,18 @@ impl<S: KeyValueStore> WindowStore<S> {
 
     /// The value of `key`'s window starting at `start` (with duplicates retained: the first).
     pub fn get(&self, key: &[u8], start: i64) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .fetch(key, start..=start)?
-            .next()
-            .transpose()?
-            .map(WindowEntry::into_value))
+        if self.options.retain_duplicates {
+            return Ok(self
+                .fetch(key, start..=start)?
+                .next()
+                .transpose()?
+                .map(WindowEntry::into_value));
+        }
+        // One entry at most: a point lookup, not a scan (an aggregation's get per record).
+        if start < self.clock.min_live() {
+            return Ok(None);
+        }
+        self.store.get(&self.entry_key(key, start, 0))
     }
 
     /// `key`'s windows starting in `time`, earliest first.
