@@ -3,11 +3,14 @@
 //!
 //! ```text
 //! e2e setup    --input T --partitions P --rows N [--keys K | --unique] [--key-bytes B]
+//!              [--event-time-step-ms F [--event-time-start-ms T] [--event-time-bookends-ms J]]
 //! e2e output   --topic T --partitions P                        output topic (LogAppendTime)
 //! e2e kstate   --input T --output T --application-id A --rows N [--threads N] [--coalesce]
 //!              [--guarantee at-least-once|exactly-once]
+//!              [--topology count|windowed [--emit updates|final]]
 //! e2e pipe     --input T --output T --application-id A --rows N
-//! e2e measure  --output T --partitions P --rows N --expect records|counts [--json PATH]
+//! e2e measure  --output T --partitions P --rows N --expect records|counts|window-updates|windows
+//!              [--input T] [--json PATH]
 //! e2e wait     --output T --records N [--group G --input T] [--timeout-s S]
 //! e2e failover --input T --output T --kill PID [--timeout-s S] [--json PATH]
 //! e2e paced    --input T --output T --rows N --rate R [--warmup W] [--keys K] [--json PATH]
@@ -28,12 +31,32 @@
 //!   K (seeded; default 10,000) or, with `--unique`, the keys `0..N` once each; keys are B bytes
 //!   wide (default 8: the index big-endian; wider keys add incompressible filler, which is how
 //!   the failover benchmark gets about 1 GB of state). Partitioned by murmur2 like the Java client.
+//!   With `--event-time-step-ms F` (a decimal: 1.2 puts 50,000 records in a minute) record i gets
+//!   the timestamp T + ⌊i·F⌋, so that event time advances and the windowed runs' windows close;
+//!   T (`--event-time-start-ms`) defaults to a whole minute about F·N ms plus a minute before
+//!   now, so that the whole input lies in the recent past: the window stores' changelogs keep a
+//!   window for a day past its end (`cleanup.policy=compact,delete`), and records older than that
+//!   would be deleted by the broker under the run. Only the absolute times move from one setup
+//!   to the next: windows start at whole minutes and T is one, so every (key, window) gets the
+//!   same records. The input itself is created with `retention.ms=-1` then, whatever T is.
+//!   `--event-time-bookends-ms J` (J at least a window's size plus its grace) moves each
+//!   partition's first record J before T and its last one J past its own time: the second record
+//!   of a partition then closes the first one's window, and the last closes every window before
+//!   its own, so that a system sending final window counts sends its first output when it
+//!   starts on a partition and its last when it ends one, and the first-to-last output clock
+//!   (`measure`) covers its whole run, as it does for one output per input.
 //! - `kstate` runs the count-by-key task (the `count_by_key` example's processor) in process
 //!   until it has processed and committed N records, then stops gracefully. `--guarantee
 //!   exactly-once` runs it exactly-once (one transaction per worker and commit interval); the
 //!   tasks' `processed` counts only records whose commit (under exactly-once: whose
 //!   transaction) succeeded, and an abort's rewind does not count its records twice, so the
-//!   same stop condition holds under both guarantees.
+//!   same stop condition holds under both guarantees. `--topology windowed` counts per key in
+//!   tumbling 1-minute windows with a 10 s grace (the records' timestamps are the event time) in
+//!   a window store named `counts`: `--emit updates` (the default) sends every window's new count
+//!   for each record (`<key>@<window start ms>` → the count, as decimal ASCII: Kafka Streams'
+//!   windowed `count()` with caching off, one output per input), `--emit final` each window's
+//!   final count once, when stream time passes its end plus the grace (the task of
+//!   `examples/windowed_count.rs`; Kafka Streams' `emitStrategy(onWindowClose())`).
 //! - `pipe` is the physical limit: the same broker work with no state. Each input record is
 //!   consumed and two records produced (the output, and a record to a compacted topic standing
 //!   in for the changelog) by a producer with exactly kstate's settings
@@ -47,7 +70,19 @@
 //!   whoever produced it. The rate is N input records over the time from the first output's
 //!   append to the last one's: start-up (group join, topic creation) is outside the clock for
 //!   every system alike. `--expect records`: one output per input (caching off, the pipe);
-//!   `--expect counts`: the outputs' last counts sum to N (caching on emits fewer). It reads
+//!   `--expect counts`: the outputs' last counts sum to N (caching on emits fewer);
+//!   `--expect window-updates --input T`: one output per input and, per window, the highest
+//!   count sent is the number of its records in input T (`kstate --topology windowed`, emitting
+//!   updates);
+//!   `--expect windows --input T`: final window counts (`kstate --topology windowed --emit final`
+//!   and Kafka Streams' emit-final), checked against input T read back: every output is a closed
+//!   window with its exact count, and per input partition the windows sent are all those that
+//!   closed up to the last one sent (`windows=<sent>/<closed>` in its line). A system may stop
+//!   before it sent the windows that closed last: Kafka Streams sends closed windows at most once
+//!   a second per task, and the windows that close within a second of a task's last record wait
+//!   for a record that never comes. Windows that never close nobody sends. The rate is N over
+//!   first-to-last append as above; so that the first and the last output come with the first
+//!   and the last records, the input has bookends (`setup --event-time-bookends-ms`). It reads
 //!   with `isolation.level=read_committed` (aborted outputs of an exactly-once run do not count)
 //!   and is done with a partition when the consumer's position reaches the high watermark the
 //!   partition had at the start: on a transactional topic the commit markers take offsets, so
@@ -91,8 +126,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context as _, Result, bail, ensure};
+use kstate::kstate_core::{BoxError, WindowOptions};
 use kstate::kstate_kafka::{ClientProperties, ProducerConfig};
-use kstate::kstate_task::{App, ProcessingGuarantee};
+use kstate::kstate_task::{
+    App, AppBuilder, Context, ProcessingGuarantee, Processor, Record, WindowHandle,
+};
 use kstate_bench::flags::Flags;
 use kstate_bench::kafka::{
     LOG_APPEND_TIME, Settled, append_time, create_client, create_topic, delete_topics,
@@ -109,6 +147,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 #[path = "shared/count_by_key.rs"]
 mod count;
+#[path = "shared/windowed_count.rs"]
+mod windowed;
 
 const COMMANDS: &str = "setup|output|kstate|pipe|measure|wait|failover|paced|delete-topics";
 
@@ -166,23 +206,45 @@ async fn setup(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let keys: u64 = flags.number("keys", Some(10_000))?;
     let unique = flags.switch("unique");
     let key_bytes: usize = flags.number("key-bytes", Some(8))?;
+    let event_time = EventTime::from_flags(flags, rows)?;
     eprintln!("e2e setup: cluster {client}");
-    create_topic(client.clone(), &input, partitions, &[]).await?;
+    let settings: &[(&str, &str)] = match event_time {
+        Some(_) => &[("retention.ms", "-1")],
+        None => &[],
+    };
+    create_topic(client.clone(), &input, partitions, settings).await?;
     let producer = producer(client.clone(), 5, DefaultProducerContext)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(543);
+    // Record i's key and partition; the same sequence on every call.
+    let records = || {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(543);
+        (0..rows).map(move |i| {
+            let index = if unique { i } else { rng.random_range(0..keys) };
+            let key = wide_key(index, key_bytes);
+            let partition = kstate::kstate_task::partition_for(&key, partitions);
+            (key, partition)
+        })
+    };
+    // Each partition's last record, for the closing bookend.
+    let mut last_of = vec![None; partitions as usize];
+    if event_time.is_some_and(|t| t.bookends_ms.is_some()) {
+        for (i, (_, partition)) in records().enumerate() {
+            last_of[partition as usize] = Some(i);
+        }
+    }
+    let mut first_seen = vec![false; partitions as usize];
     let started = Instant::now();
-    for i in 0..rows {
-        let index = if unique { i } else { rng.random_range(0..keys) };
-        let key = wide_key(index, key_bytes);
-        let partition = kstate::kstate_task::partition_for(&key, partitions);
+    for (i, (key, partition)) in records().enumerate() {
         let value = [b'v'; 16];
-        send(
-            &producer,
-            BaseRecord::to(&input)
-                .partition(partition)
-                .key(&key[..])
-                .payload(&value[..]),
-        );
+        let mut record = BaseRecord::to(&input)
+            .partition(partition)
+            .key(&key[..])
+            .payload(&value[..]);
+        if let Some(time) = &event_time {
+            let first = !std::mem::replace(&mut first_seen[partition as usize], true);
+            let last = last_of[partition as usize] == Some(i);
+            record = record.timestamp(time.of(i as u64, first, last));
+        }
+        send(&producer, record);
     }
     producer.flush(Duration::from_secs(300))?;
     ensure!(producer.in_flight_count() == 0, "input not acknowledged");
@@ -193,12 +255,194 @@ async fn setup(client: &ClientProperties, flags: &Flags) -> Result<()> {
         key_bytes.max(8),
         started.elapsed().as_millis()
     );
+    if let Some(time) = event_time {
+        eprintln!(
+            "e2e setup: event time {} ms + {} ms per record, up to {} ms{}",
+            time.start_ms,
+            time.step_ms,
+            time.of(rows.max(1) - 1, false, false),
+            match time.bookends_ms {
+                Some(j) => format!("; each partition's first record {j} ms before, its last after"),
+                None => String::new(),
+            }
+        );
+    }
     Ok(())
+}
+
+/// `setup`'s event time (see the module docs).
+#[derive(Clone, Copy)]
+struct EventTime {
+    /// Record 0's timestamp.
+    start_ms: i64,
+    /// Added per record.
+    step_ms: f64,
+    /// Each partition's first record this much before record 0's time, its last this much after
+    /// its own.
+    bookends_ms: Option<i64>,
+}
+
+impl EventTime {
+    /// From `--event-time-step-ms`, `--event-time-start-ms`, `--event-time-bookends-ms`.
+    fn from_flags(flags: &Flags, rows: u64) -> Result<Option<Self>> {
+        let Some(step) = flags.optional("event-time-step-ms") else {
+            return Ok(None);
+        };
+        let step_ms: f64 = step
+            .parse()
+            .with_context(|| format!("--event-time-step-ms {step} is not a number"))?;
+        ensure!(
+            step_ms.is_finite() && step_ms >= 0.0,
+            "--event-time-step-ms must be ≥ 0"
+        );
+        let bookends_ms = match flags.optional("event-time-bookends-ms") {
+            Some(j) => Some(
+                j.parse::<i64>()
+                    .ok()
+                    .filter(|j| *j > 0)
+                    .with_context(|| format!("--event-time-bookends-ms {j}: a positive number"))?,
+            ),
+            None => None,
+        };
+        let minute = 60_000;
+        let start_ms = match flags.optional("event-time-start-ms") {
+            Some(start) => start
+                .parse()
+                .with_context(|| format!("--event-time-start-ms {start} is not a number"))?,
+            None => {
+                let span = (rows as f64 * step_ms).ceil() as i64 + bookends_ms.unwrap_or(0);
+                (now_ms()? - span - minute).div_euclid(minute) * minute
+            }
+        };
+        Ok(Some(EventTime {
+            start_ms,
+            step_ms,
+            bookends_ms,
+        }))
+    }
+
+    /// Record `i`'s timestamp; `first` and `last`: whether it is its partition's first or last.
+    fn of(&self, i: u64, first: bool, last: bool) -> i64 {
+        let time = self.start_ms + (i as f64 * self.step_ms) as i64;
+        match self.bookends_ms {
+            Some(j) if first => self.start_ms - j,
+            Some(j) if last => time + j,
+            _ => time,
+        }
+    }
+}
+
+/// The windowed runs' windows, as Kafka Streams' side has them (`KafkaStreamsBench.E2E_WINDOWS`):
+/// tumbling, one minute, a grace of 10 s.
+fn e2e_windows() -> WindowOptions {
+    WindowOptions::tumbling(Duration::from_secs(60)).grace(Duration::from_secs(10))
+}
+
+/// What `kstate --topology --emit` runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Topology {
+    /// Count by key, every count sent (or the latest per commit, coalescing).
+    Count,
+    /// Count by key and window, every window's new count sent.
+    WindowedUpdates,
+    /// Count by key and window, each window's final count sent once.
+    WindowedFinal,
+}
+
+impl Topology {
+    fn from_flags(flags: &Flags) -> Result<Self> {
+        let emit = flags.optional("emit").unwrap_or("updates");
+        Ok(
+            match (flags.optional("topology").unwrap_or("count"), emit) {
+                ("count", "updates") => Topology::Count,
+                ("windowed", "updates") => Topology::WindowedUpdates,
+                ("windowed", "final") => Topology::WindowedFinal,
+                ("count", _) => bail!("--emit {emit} needs --topology windowed"),
+                (topology, emit) => {
+                    bail!(
+                        "--topology {topology} --emit {emit}: count, or windowed with updates \
+                         or final"
+                    )
+                }
+            },
+        )
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Topology::Count => "count",
+            Topology::WindowedUpdates => "windowed, emit updates",
+            Topology::WindowedFinal => "windowed, emit final",
+        }
+    }
+}
+
+/// Counts records per key and window and sends each record's window's new count: Kafka
+/// Streams' `windowedBy(..).count()` with caching off. A record for a window that closed (end
+/// plus grace at or before stream time) is late: not counted, as Kafka Streams drops it.
+struct WindowedUpdates {
+    counts: WindowHandle,
+    windows: WindowOptions,
+    output: String,
+}
+
+/// A stored count: 8 bytes big-endian, Kafka Streams' `Long` serde, as the final count's store
+/// (`examples/shared/windowed_count.rs`) keeps them.
+fn decode_count(count: &[u8]) -> Result<i64, BoxError> {
+    Ok(i64::from_be_bytes(count.try_into().map_err(|_| {
+        format!("a count of {} bytes, not 8", count.len())
+    })?))
+}
+
+impl Processor for WindowedUpdates {
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        let time = record
+            .timestamp
+            .ok_or("a record without a timestamp cannot be windowed")?;
+        let key = record.key.unwrap_or_default();
+        let counts = ctx.window_store(&self.counts);
+        counts.observe(time)?;
+        let now = counts.stream_time().unwrap_or(time);
+        for start in self.windows.windows_containing(time) {
+            if self.windows.closes_at(start) <= now {
+                continue;
+            }
+            let count = match counts.get(key, start)? {
+                Some(bytes) => decode_count(&bytes)? + 1,
+                None => 1,
+            };
+            counts.put(key, start, Some(&count.to_be_bytes()))?;
+            let mut out = key.to_vec();
+            out.extend_from_slice(format!("@{start}").as_bytes());
+            ctx.send(&self.output, &out, Some(count.to_string().as_bytes()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Declares the `counts` window store and builds the application with a `WindowedUpdates` per
+/// task sending to `output`.
+fn build_windowed_updates(builder: &mut AppBuilder, output: &str) -> Result<App> {
+    let windows = e2e_windows();
+    let counts = builder.window_store("counts", windows);
+    let output = output.to_string();
+    Ok(builder.build(move |_task| {
+        Box::new(WindowedUpdates {
+            counts: counts.clone(),
+            windows,
+            output: output.clone(),
+        })
+    })?)
 }
 
 fn run_kstate(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let rows: u64 = flags.number("rows", None)?;
     let coalesce = flags.switch("coalesce");
+    let topology = Topology::from_flags(flags)?;
+    ensure!(
+        !coalesce || topology == Topology::Count,
+        "--coalesce is for --topology count only"
+    );
     let guarantee = match flags.optional("guarantee") {
         Some(text) => text.parse::<ProcessingGuarantee>()?,
         None => ProcessingGuarantee::default(),
@@ -211,7 +455,12 @@ fn run_kstate(client: &ClientProperties, flags: &Flags) -> Result<()> {
         .state_dir(state_dir.path())
         .threads(flags.number("threads", Some(1))?)
         .processing_guarantee(guarantee);
-    let (app, _) = count::build(&mut builder, &flags.get("output")?, coalesce)?;
+    let output = flags.get("output")?;
+    let app = match topology {
+        Topology::Count => count::build(&mut builder, &output, coalesce)?.0,
+        Topology::WindowedUpdates => build_windowed_updates(&mut builder, &output)?,
+        Topology::WindowedFinal => windowed::build(&mut builder, e2e_windows(), &output)?.0,
+    };
     let started = Instant::now();
     let running = app.start()?;
     let deadline = started + Duration::from_secs(1800);
@@ -234,8 +483,9 @@ fn run_kstate(client: &ClientProperties, flags: &Flags) -> Result<()> {
     running.shutdown();
     running.wait()?;
     eprintln!(
-        "kstate e2e processed {rows} records in {} ms from start (coalescing {}, {guarantee})",
+        "kstate e2e processed {rows} records in {} ms from start ({}, coalescing {}, {guarantee})",
         elapsed.as_millis(),
+        topology.describe(),
         if coalesce { "on" } else { "off" }
     );
     Ok(())
@@ -380,6 +630,16 @@ fn measure(client: &ClientProperties, flags: &Flags) -> Result<()> {
     let partitions: i32 = flags.number("partitions", None)?;
     let rows: u64 = flags.number("rows", None)?;
     let expect = flags.get("expect")?;
+    ensure!(
+        ["records", "counts", "windows", "window-updates"].contains(&expect.as_str()),
+        "--expect {expect}: records, counts, windows or window-updates"
+    );
+    let final_windows = expect == "windows";
+    // The input, against which windowed outputs are checked.
+    let windowed_input = match expect.as_str() {
+        "windows" | "window-updates" => Some(WindowedInput::read(client, &flags.get("input")?)?),
+        _ => None,
+    };
     let consumer = reader(client)?;
     let mut tpl = TopicPartitionList::new();
     let mut ends = BTreeMap::new();
@@ -392,6 +652,8 @@ fn measure(client: &ClientProperties, flags: &Flags) -> Result<()> {
     }
     consumer.assign(&tpl)?;
     let (mut records, mut counts) = (0u64, HashMap::<Vec<u8>, u64>::new());
+    // Every output (key, count), for `--expect windows`.
+    let mut outputs = Vec::new();
     let (mut first, mut last) = (i64::MAX, i64::MIN);
     // Each partition's first and last append time: a task that starts late stretches the
     // window of all of them.
@@ -441,30 +703,55 @@ fn measure(client: &ClientProperties, flags: &Flags) -> Result<()> {
         *span = (span.0.min(appended), span.1.max(appended));
         *per_tick.entry(appended / 100).or_default() += 1;
         records += 1;
-        if let Some(n) = m
+        let count = m
             .payload()
             .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|s| s.parse::<u64>().ok())
-        {
+            .and_then(|s| s.parse::<u64>().ok());
+        if final_windows {
+            let count =
+                count.with_context(|| format!("{output}: an output that is not a count"))?;
+            outputs.push((m.key().unwrap_or_default().to_vec(), count));
+        } else if let Some(n) = count {
             let e = counts
                 .entry(m.key().unwrap_or_default().to_vec())
                 .or_insert(0);
             *e = (*e).max(n);
         }
     }
-    match expect.as_str() {
-        "records" => ensure!(
+    let mut windows_line = String::new();
+    match (expect.as_str(), &windowed_input) {
+        ("records", _) => ensure!(
             records == rows,
             "{output}: {records} outputs for {rows} inputs"
         ),
-        "counts" => {
+        ("counts", _) => {
             let total: u64 = counts.values().sum();
             ensure!(
                 total == rows,
                 "{output}: the last counts sum to {total}, not {rows}"
             );
         }
-        other => bail!("--expect {other}: records or counts"),
+        ("window-updates", Some(input)) => {
+            ensure!(
+                records == rows,
+                "{output}: {records} outputs for {rows} inputs"
+            );
+            let windows = input.check_updates(&output, &counts)?;
+            windows_line = format!(" windows={windows}");
+        }
+        (_, Some(input)) => {
+            ensure!(
+                input.records == rows,
+                "the input holds {} records, not {rows}",
+                input.records
+            );
+            let check = input.check(&output, &outputs)?;
+            windows_line = format!(
+                " windows={}/{} duplicates={}",
+                check.sent, check.closed, check.duplicates
+            );
+        }
+        _ => unreachable!("--expect was checked above"),
     }
     let first_tick = per_tick.keys().next().copied().unwrap_or_default();
     let mut done = 0;
@@ -485,7 +772,7 @@ fn measure(client: &ClientProperties, flags: &Flags) -> Result<()> {
         progress,
     };
     println!(
-        "e2e output={} outputs={} first_to_last_ms={} records_per_sec={:.0}",
+        "e2e output={} outputs={}{windows_line} first_to_last_ms={} records_per_sec={:.0}",
         result.output, result.outputs, result.first_to_last_ms, result.records_per_sec
     );
     // Per partition, its first and last output's append time after the first output of all.
@@ -502,6 +789,198 @@ fn measure(client: &ClientProperties, flags: &Flags) -> Result<()> {
         write_json(path.as_ref(), &result)?;
     }
     Ok(())
+}
+
+/// The windowed runs' input read back: what each window's final count must be, and when it
+/// closes.
+struct WindowedInput {
+    records: u64,
+    /// Every (key, window start)'s count, closed or not.
+    counts: HashMap<(Vec<u8>, i64), u64>,
+    /// Each key's input partition: windows close by their partition's stream time.
+    partition_of: HashMap<Vec<u8>, i32>,
+    /// Per input partition, its stream time at the end: its latest record's timestamp.
+    stream_time: BTreeMap<i32, i64>,
+}
+
+/// What `WindowedInput::check` found.
+struct WindowCheck {
+    /// Distinct windows sent.
+    sent: usize,
+    /// Windows that closed (all input partitions).
+    closed: usize,
+    /// Windows sent more than once (with the same count; at-least-once allows it).
+    duplicates: usize,
+}
+
+impl WindowedInput {
+    fn read(client: &ClientProperties, topic: &str) -> Result<Self> {
+        let windows = e2e_windows();
+        let partitions = partition_count(client.clone(), topic)?;
+        ensure!(partitions > 0, "{topic} does not exist");
+        let consumer = reader(client)?;
+        let mut tpl = TopicPartitionList::new();
+        let mut ends = BTreeMap::new();
+        for p in 0..partitions {
+            let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(30))?;
+            if high > low {
+                ends.insert(p, high);
+                tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+            }
+        }
+        consumer.assign(&tpl)?;
+        let mut input = WindowedInput {
+            records: 0,
+            counts: HashMap::new(),
+            partition_of: HashMap::new(),
+            stream_time: BTreeMap::new(),
+        };
+        let started = Instant::now();
+        while !ends.is_empty() {
+            ensure!(
+                started.elapsed() < Duration::from_secs(300),
+                "reading {topic} back took more than 5 minutes"
+            );
+            let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+                continue;
+            };
+            let m = message?;
+            let time = m
+                .timestamp()
+                .to_millis()
+                .with_context(|| format!("{topic}: a record without a timestamp"))?;
+            let key = m.key().unwrap_or_default().to_vec();
+            let now = input.stream_time.entry(m.partition()).or_insert(time);
+            *now = (*now).max(time);
+            let now = *now;
+            for start in windows.windows_containing(time) {
+                // A late record counts nowhere, in either system.
+                if windows.closes_at(start) > now {
+                    *input.counts.entry((key.clone(), start)).or_default() += 1;
+                }
+            }
+            input.partition_of.insert(key, m.partition());
+            input.records += 1;
+            if ends
+                .get(&m.partition())
+                .is_some_and(|end| m.offset() + 1 >= *end)
+            {
+                ends.remove(&m.partition());
+            }
+        }
+        Ok(input)
+    }
+
+    /// Checks the highest count `topic` sent for each window (`<key>@<start>`) against the
+    /// input: one per input record (closed or not, late records aside), every window's the
+    /// count of its records. Returns the number of windows.
+    fn check_updates(&self, topic: &str, highest: &HashMap<Vec<u8>, u64>) -> Result<usize> {
+        for (output, count) in highest {
+            let (key, start) = window_of(topic, output)?;
+            let expected = self.counts.get(&(key.clone(), start)).copied();
+            ensure!(
+                expected == Some(*count),
+                "{topic}: window {start} of key {key:?} counted up to {count}; the input has \
+                 {expected:?}"
+            );
+        }
+        ensure!(
+            highest.len() == self.counts.len(),
+            "{topic}: {} windows have counts, the input has {}",
+            highest.len(),
+            self.counts.len()
+        );
+        Ok(highest.len())
+    }
+
+    /// Checks `outputs` (`<key>@<start>`, count) of `topic` as final window counts (see the
+    /// module docs).
+    fn check(&self, topic: &str, outputs: &[(Vec<u8>, u64)]) -> Result<WindowCheck> {
+        let windows = e2e_windows();
+        let closed = |key: &[u8], start: i64| {
+            self.partition_of
+                .get(key)
+                .and_then(|p| self.stream_time.get(p))
+                .is_some_and(|now| windows.closes_at(start) <= *now)
+        };
+        let mut sent: HashMap<(Vec<u8>, i64), u64> = HashMap::new();
+        let mut duplicates = 0;
+        // Per input partition, the latest window close among the windows sent.
+        let mut sent_until: BTreeMap<i32, i64> = BTreeMap::new();
+        for (output, count) in outputs {
+            let (key, start) = window_of(topic, output)?;
+            let expected = self.counts.get(&(key.clone(), start)).copied();
+            ensure!(
+                expected == Some(*count) && closed(&key, start),
+                "{topic}: window {start} of key {key:?} sent with count {count}; the input has \
+                 {expected:?}{}",
+                if closed(&key, start) {
+                    ""
+                } else {
+                    ", and it never closed"
+                }
+            );
+            let p = self.partition_of[&key];
+            let until = sent_until.entry(p).or_insert(i64::MIN);
+            *until = (*until).max(windows.closes_at(start));
+            if sent.insert((key, start), *count).is_some() {
+                duplicates += 1;
+            }
+        }
+        ensure!(
+            !sent.is_empty(),
+            "{topic}: no window was sent, so there is no clock (a run that ends within a second \
+             of its start may send none: Kafka Streams sends closed windows once a second)"
+        );
+        // Per (input partition, window start): windows sent, windows closed; and how many
+        // closed before a window of their partition that was sent, but were never sent.
+        let mut per_start: BTreeMap<(i32, i64), (usize, usize)> = BTreeMap::new();
+        let (mut closed_windows, mut skipped) = (0, 0);
+        for (key, start) in self.counts.keys() {
+            if !closed(key, *start) {
+                continue;
+            }
+            closed_windows += 1;
+            let p = self.partition_of[key];
+            let was_sent = sent.contains_key(&(key.clone(), *start));
+            let tally = per_start.entry((p, *start)).or_default();
+            tally.0 += usize::from(was_sent);
+            tally.1 += 1;
+            let sent_up_to = sent_until.get(&p).copied().unwrap_or(i64::MIN);
+            if !was_sent && windows.closes_at(*start) <= sent_up_to {
+                skipped += 1;
+            }
+        }
+        if skipped > 0 {
+            let tallies: Vec<String> = per_start
+                .iter()
+                .map(|((p, start), (sent, closed))| format!("{p}:{start}={sent}/{closed}"))
+                .collect();
+            bail!(
+                "{topic}: {skipped} windows closed before windows of their partition that were \
+                 sent, but were never sent; sent/closed per partition:window start: {}",
+                tallies.join(" ")
+            );
+        }
+        Ok(WindowCheck {
+            sent: sent.len(),
+            closed: closed_windows,
+            duplicates,
+        })
+    }
+}
+
+/// An output key `<key>@<window start>` split.
+fn window_of(topic: &str, output: &[u8]) -> Result<(Vec<u8>, i64)> {
+    let at = output
+        .iter()
+        .rposition(|b| *b == b'@')
+        .with_context(|| format!("{topic}: an output key without @<window start>"))?;
+    let start = std::str::from_utf8(&output[at + 1..])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("{topic}: an output key without @<window start>"))?;
+    Ok((output[..at].to_vec(), start))
 }
 
 /// Waits until the output topic holds `--records` records and, with `--group`, until that

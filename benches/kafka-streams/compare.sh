@@ -27,7 +27,27 @@
 #      records at once, waits for their outputs, and writes the rest of LATENCY_ROWS at
 #      LATENCY_RATE records/s while reading the output (read_committed); per paced record the
 #      time from the input's append to the output's append and to when the reader had it;
-#   8. the last lines compare the rates:
+#   8. windowed (ONLY=windowed): on a fresh E2E_PARTITIONS-partition input of E2E_ROWS keyed
+#      records (10,000 keys) whose timestamps advance WINDOWED_STEP_MS per record (`e2e setup
+#      --event-time-step-ms`; 1.2: a minute of event time every 50,000 records, about 5 records
+#      per key and window; each partition's first record 2 minutes earlier and its last 2 minutes
+#      later, `--event-time-bookends-ms`, so that final counts go out from the start of a run to
+#      its end), counts per key in tumbling 1-minute windows with a 10 s grace, output
+#      `<key>@<window start ms>` -> count: Kafka Streams'
+#      `groupByKey().windowedBy(TimeWindows.ofSizeAndGrace(1 min, 10 s)).count()` (the jar's `e2e
+#      --topology windowed`, a RocksDB window store, caching off) and kstate's window store
+#      (`e2e kstate --topology windowed`), each at-least-once, then exactly-once, emitting every
+#      window's new count (one output per input, measured like 4., and each window's highest
+#      count checked against the input: `e2e measure --expect window-updates`), then
+#      at-least-once emitting only final counts (Kafka Streams `emitStrategy(onWindowClose())`
+#      with its store's retention raised to 10 minutes, without which it lost windows: see the
+#      README; kstate examples/shared/windowed_count.rs), measured by `e2e measure --expect
+#      windows`: the same
+#      clock and rate, and every output checked against the input (the log gives each system's
+#      windows sent of those that closed: Kafka Streams sends closed windows at most once a
+#      second per task, so it may stop before it sent the last ones, and with E2E_ROWS too small,
+#      100000, it sent none and the measure fails; 300000 and more worked);
+#   9. the last lines compare the rates:
 #        restore kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        puts kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-alos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
@@ -35,12 +55,16 @@
 #        e2e-pipe rdkafka=<r>/s kstate=<r>/s ratio=<kstate/rdkafka>
 #        e2e-eos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        e2e-eos-overhead kstate-alos=<r>/s kstate-eos=<r>/s eos/alos=<kstate-eos/kstate-alos>
+#        windowed-alos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
+#        windowed-eos kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
+#        windowed-final kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        failover kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
 #        recovery-eos kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
 #        latency-alos kafka-streams=<p50>/<p99>/<p99.9>ms kstate=<p50>/<p99>/<p99.9>ms (visible)
 #        latency-eos  kafka-streams=... kstate=...
 #      (e2e-eos-overhead: kstate's exactly-once rate against its at-least-once, caching off, rate
-#      of the same run, i.e. e2e-alos's kstate number).
+#      of the same run, i.e. e2e-alos's kstate number; windowed-alos and windowed-eos: emitting
+#      every update, caching off; windowed-final: final counts only, at-least-once).
 #
 # ROWS: the first argument, else $ROWS, else 1000000.
 # Environment:
@@ -68,11 +92,14 @@
 #                            run (caching off) for the overhead line: prints e2e-eos and
 #                            e2e-eos-overhead only
 #   ONLY=latency             only the latency runs (7.)
+#   ONLY=windowed            only the windowed runs (8.): prints windowed-alos, windowed-eos and
+#                            windowed-final only
 #                            (default ONLY=all: everything; parts can be combined with commas,
 #                            e.g. ONLY=e2e,latency)
 #   LATENCY_ROWS             records per latency run, warm-up included (default 250000)
 #   LATENCY_RATE             the paced records' rate, records/s (default 10000)
 #   LATENCY_WARMUP           warm-up records (default 50000: enough for the JVM's JIT too)
+#   WINDOWED_STEP_MS         the windowed input's event time per record, ms (default 1.2)
 #   FAILOVER_*, SESSION_TIMEOUT_MS, HEARTBEAT_MS
 #                            the failover's and the recovery's settings (see failover.sh;
 #                            FAILOVER_MODE is set by this script: takeover for 5., restart
@@ -95,6 +122,7 @@ ONLY=${ONLY:-all}
 LATENCY_ROWS=${LATENCY_ROWS:-250000}
 LATENCY_RATE=${LATENCY_RATE:-10000}
 LATENCY_WARMUP=${LATENCY_WARMUP:-50000}
+WINDOWED_STEP_MS=${WINDOWED_STEP_MS:-1.2}
 STORE=store
 APP=kstate-vs-ks-$(date +%s)-$$
 CHANGELOG=$APP-$STORE-changelog
@@ -104,19 +132,21 @@ DELETE_TOPICS=(--delete-topics)
 
 [[ $ROWS =~ ^[1-9][0-9]*$ ]] || die "ROWS must be a positive whole number (got '$ROWS')"
 
-# The parts ONLY asks for (comma-separated): base (a.-c.), e2e, eos, failover, recovery, latency.
-want_base=0 want_e2e=0 want_eos=0 want_failover=0 want_recovery=0 want_latency=0
+# The parts ONLY asks for (comma-separated): base (a.-c.), e2e, eos, failover, recovery, latency,
+# windowed.
+want_base=0 want_e2e=0 want_eos=0 want_failover=0 want_recovery=0 want_latency=0 want_windowed=0
 IFS=, read -r -a only_parts <<<"$ONLY"
 for part in "${only_parts[@]}"; do
     case $part in
-        all) want_base=1 want_e2e=1 want_failover=1 want_recovery=1 want_latency=1 ;;
+        all) want_base=1 want_e2e=1 want_failover=1 want_recovery=1 want_latency=1 want_windowed=1 ;;
         base) want_base=1 ;;
         e2e) want_e2e=1 ;;
         eos) want_eos=1 ;;
         failover) want_failover=1 ;;
         recovery) want_recovery=1 ;;
         latency) want_latency=1 ;;
-        *) die "ONLY=$ONLY: all, base, e2e, eos, failover, recovery or latency (or several, comma-separated)" ;;
+        windowed) want_windowed=1 ;;
+        *) die "ONLY=$ONLY: all, base, e2e, eos, failover, recovery, latency or windowed (or several, comma-separated)" ;;
     esac
 done
 # The e2e part includes the exactly-once pair.
@@ -129,7 +159,8 @@ if [[ -n ${CLIENT_PROPERTIES:-} ]]; then
     KS_CLIENT=(--client-properties "$CLIENT_PROPERTIES")
 fi
 
-if [[ ! -x $KSTATE_BIN || ! -x $E2E_BIN ]]; then
+# rows_per_second runs in the base part only; every other part needs only e2e.
+if [[ ($want_base == 1 && ! -x $KSTATE_BIN) || ! -x $E2E_BIN ]]; then
     cat >&2 <<EOF
 compare.sh: kstate's example binaries are missing: $KSTATE_BIN, $E2E_BIN
 Build it with:
@@ -214,29 +245,28 @@ touch_lease
 
 fi
 
-if [[ $want_eos == 1 ]]; then
-# ------------------------------------------------------------------ d. end to end
+# ------------------------------------------------------------------ the end-to-end runs' tools
 
 e2e_rate() {
     field "$1" 's/^e2e output=.* records_per_sec=\([0-9]*\)$/\1/p' "e2e measure line"
 }
-E2E_IN=$APP-e2e-in
-log "d. end to end: $E2E_ROWS records into $E2E_IN ($E2E_PARTITIONS partitions)"
-e2e setup --input "$E2E_IN" --partitions "$E2E_PARTITIONS" --rows "$E2E_ROWS" 2>&1 |
-    tee "$LOG_DIR/e2e-setup.log"
-# run NAME EXPECT COMMAND...: a fresh LogAppendTime output topic $APP-NAME-out, the command, the
-# measure; leaves the rate in $LOG_DIR/NAME.measure. NAME is also the application id's suffix.
+# e2e_run NAME EXPECT COMMAND...: a fresh LogAppendTime output topic $APP-NAME-out, the command
+# (reading $E2E_IN), the measure (--expect EXPECT; windows and window-updates: checked against
+# $E2E_IN); leaves the rate in $LOG_DIR/NAME.measure and NAME in e2e_ran. NAME is also the
+# application id's suffix.
 e2e_ran=()
 e2e_run() {
     local name=$1 expect=$2
     shift 2
     local out=$APP-$name-out
+    local against=()
+    [[ $expect != window* ]] || against=(--input "$E2E_IN")
     e2e_ran+=("$name")
     e2e output --topic "$out" --partitions "$E2E_PARTITIONS"
-    log "d. $name"
+    log "$name"
     "$@" --output "$out" 2>&1 | tee "$LOG_DIR/$name.log"
     e2e measure --output "$out" --partitions "$E2E_PARTITIONS" --rows "$E2E_ROWS" \
-        --expect "$expect" | tee "$LOG_DIR/$name.measure"
+        --expect "$expect" "${against[@]}" | tee "$LOG_DIR/$name.measure"
     touch_lease
 }
 ks_e2e() {
@@ -248,6 +278,26 @@ kstate_e2e() {
     shift
     e2e kstate --input "$E2E_IN" --rows "$E2E_ROWS" --application-id "$APP-$name" "$@"
 }
+# Deletes the input, and the runs' outputs and changelogs (unless KEEP_TOPICS), extra topics
+# first; empties e2e_ran.
+delete_e2e_topics() {
+    if [[ ${KEEP_TOPICS:-0} == 0 ]]; then
+        local topics=("$E2E_IN" "$@") name
+        for name in "${e2e_ran[@]}"; do
+            topics+=("$APP-$name-out" "$APP-$name-counts-changelog")
+        done
+        delete_topics "${topics[@]}"
+    fi
+    e2e_ran=()
+}
+
+if [[ $want_eos == 1 ]]; then
+# ------------------------------------------------------------------ d. end to end
+
+E2E_IN=$APP-e2e-in
+log "d. end to end: $E2E_ROWS records into $E2E_IN ($E2E_PARTITIONS partitions)"
+e2e setup --input "$E2E_IN" --partitions "$E2E_PARTITIONS" --rows "$E2E_ROWS" 2>&1 |
+    tee "$LOG_DIR/e2e-setup.log"
 if [[ $want_e2e == 1 ]]; then
     e2e_run ks-uncached records ks_e2e --application-id "$APP-ks-uncached" --caching off
 fi
@@ -268,13 +318,36 @@ e2e_run kstate-eos records kstate_e2e kstate-eos --guarantee exactly-once
 e2e_kstate=$(e2e_rate "$LOG_DIR/kstate-uncached.measure")
 e2e_ks_eos=$(e2e_rate "$LOG_DIR/ks-eos.measure")
 e2e_kstate_eos=$(e2e_rate "$LOG_DIR/kstate-eos.measure")
-if [[ ${KEEP_TOPICS:-0} == 0 ]]; then
-    e2e_topics=("$E2E_IN" "$APP-pipe-shadow-changelog")
-    for name in "${e2e_ran[@]}"; do
-        e2e_topics+=("$APP-$name-out" "$APP-$name-counts-changelog")
-    done
-    delete_topics "${e2e_topics[@]}"
+delete_e2e_topics "$APP-pipe-shadow-changelog"
+
 fi
+
+if [[ $want_windowed == 1 ]]; then
+# ------------------------------------------------------------------ windowed
+
+E2E_IN=$APP-win-in
+log "windowed: $E2E_ROWS records into $E2E_IN ($E2E_PARTITIONS partitions), event time +$WINDOWED_STEP_MS ms per record"
+e2e setup --input "$E2E_IN" --partitions "$E2E_PARTITIONS" --rows "$E2E_ROWS" \
+    --event-time-step-ms "$WINDOWED_STEP_MS" --event-time-bookends-ms 120000 2>&1 |
+    tee "$LOG_DIR/win-setup.log"
+WINDOWED=(--topology windowed)
+e2e_run ks-win-alos window-updates ks_e2e --application-id "$APP-ks-win-alos" "${WINDOWED[@]}" --caching off
+e2e_run kstate-win-alos window-updates kstate_e2e kstate-win-alos "${WINDOWED[@]}"
+e2e_run ks-win-eos window-updates ks_e2e --application-id "$APP-ks-win-eos" "${WINDOWED[@]}" --caching off \
+    --guarantee exactly-once
+e2e_run kstate-win-eos window-updates kstate_e2e kstate-win-eos "${WINDOWED[@]}" --guarantee exactly-once
+e2e_run ks-win-final windows ks_e2e --application-id "$APP-ks-win-final" "${WINDOWED[@]}" --emit final \
+    --caching off
+e2e_run kstate-win-final windows kstate_e2e kstate-win-final "${WINDOWED[@]}" --emit final
+windowed_alos="kafka-streams=$(e2e_rate "$LOG_DIR/ks-win-alos.measure")/s kstate=$(e2e_rate "$LOG_DIR/kstate-win-alos.measure")/s"
+windowed_eos="kafka-streams=$(e2e_rate "$LOG_DIR/ks-win-eos.measure")/s kstate=$(e2e_rate "$LOG_DIR/kstate-win-eos.measure")/s"
+windowed_final="kafka-streams=$(e2e_rate "$LOG_DIR/ks-win-final.measure")/s kstate=$(e2e_rate "$LOG_DIR/kstate-win-final.measure")/s"
+windowed_ratio() { ratio "$(e2e_rate "$LOG_DIR/kstate-$1.measure")" "$(e2e_rate "$LOG_DIR/ks-$1.measure")"; }
+# Windows each final run sent, of those that closed (a run may stop before its last ones).
+windows_sent() { field "$1" 's/^e2e output=.* windows=\([0-9]*\/[0-9]*\) .*/\1/p' "windows= in the measure line"; }
+log "windowed-final windows sent/closed: kafka-streams $(windows_sent "$LOG_DIR/ks-win-final.measure")," \
+    "kstate $(windows_sent "$LOG_DIR/kstate-win-final.measure")"
+delete_e2e_topics
 
 fi
 
@@ -371,6 +444,11 @@ fi
 if [[ $want_eos == 1 ]]; then
     echo "e2e-eos kafka-streams=$e2e_ks_eos/s kstate=$e2e_kstate_eos/s ratio=$(ratio "$e2e_kstate_eos" "$e2e_ks_eos")"
     echo "e2e-eos-overhead kstate-alos=$e2e_kstate/s kstate-eos=$e2e_kstate_eos/s eos/alos=$(ratio "$e2e_kstate_eos" "$e2e_kstate")"
+fi
+if [[ $want_windowed == 1 ]]; then
+    echo "windowed-alos $windowed_alos ratio=$(windowed_ratio win-alos)"
+    echo "windowed-eos $windowed_eos ratio=$(windowed_ratio win-eos)"
+    echo "windowed-final $windowed_final ratio=$(windowed_ratio win-final)"
 fi
 if [[ -n $failover_line ]]; then
     echo "$failover_line"

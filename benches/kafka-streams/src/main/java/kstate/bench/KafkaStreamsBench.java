@@ -2,11 +2,13 @@ package kstate.bench;
 
 import java.io.IOException;
 import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.FileVisitResult;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.SimpleFileVisitor;
 import java.nio.file.attribute.BasicFileAttributes;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -34,19 +36,28 @@ import org.apache.kafka.common.config.TopicConfig;
 import org.apache.kafka.common.errors.TopicExistsException;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.EmitStrategy;
+import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
+import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.TimeWindowedKStream;
+import org.apache.kafka.streams.kstream.TimeWindows;
+import org.apache.kafka.streams.kstream.Windowed;
 import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.processor.api.Processor;
 import org.apache.kafka.streams.processor.api.ProcessorContext;
 import org.apache.kafka.streams.processor.api.Record;
 import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.Stores;
+import org.apache.kafka.streams.state.WindowStore;
 
 /**
  * The Kafka Streams side of benches/kafka-streams/compare.sh (and of failover.sh and tasks.sh).
@@ -116,7 +127,8 @@ public final class KafkaStreamsBench {
                         + "  puts --bootstrap B --rows N [--application-id APP] [--store STORE]"
                         + " [--topology papi|dsl] [--value-size BYTES] [--seed N] [--delete-topics]\n"
                         + "  e2e --bootstrap B --application-id APP --input TOPIC --output TOPIC --rows N"
-                        + " [--caching on|off] [--guarantee at-least-once|exactly-once]\n"
+                        + " [--caching on|off] [--guarantee at-least-once|exactly-once]"
+                        + " [--topology count|windowed] [--emit updates|final]\n"
                         + "  serve --bootstrap B --application-id APP --input TOPIC --output TOPIC --state-dir DIR"
                         + " [--session-timeout-ms N] [--heartbeat-interval-ms N]"
                         + " [--guarantee at-least-once|exactly-once] [--group-instance-id NAME]\n"
@@ -436,6 +448,12 @@ public final class KafkaStreamsBench {
      * records again, so the count of records read can reach {@code rows} before every record has
      * been processed in a committed transaction: under exactly-once the app also waits until the
      * group's committed offsets reach the input's end offsets before it closes.
+     *
+     * <p>{@code --topology windowed} counts per key in tumbling 1-minute windows with a 10 s grace
+     * instead (see {@link #windowedTopology}), by the records' timestamps: the input of
+     * {@code e2e setup --event-time-step-ms}. {@code --emit updates} (the default) sends every
+     * window's count as it changes, {@code --emit final} only each window's final count, once,
+     * when stream time passes its end plus the grace (KIP-825's emit strategy).
      */
     private static int e2e(Map<String, String> opts) throws Exception {
         String bootstrap = bootstrap(opts);
@@ -446,14 +464,28 @@ public final class KafkaStreamsBench {
         boolean caching = opts.getOrDefault("caching", "off").equals("on");
         String guarantee = guarantee(opts);
         boolean exactlyOnce = guarantee.equals(StreamsConfig.EXACTLY_ONCE_V2);
+        String shape = opts.getOrDefault("topology", "count");
+        boolean emitFinal = switch (opts.getOrDefault("emit", "updates")) {
+            case "updates" -> false;
+            case "final" -> true;
+            default -> throw new IllegalArgumentException("--emit must be updates or final, not " + opts.get("emit"));
+        };
+        if (emitFinal && !shape.equals("windowed")) {
+            throw new IllegalArgumentException("--emit final needs --topology windowed");
+        }
         Path stateDir = Files.createTempDirectory("kstate-ks-e2e-");
         AtomicLong seen = new AtomicLong();
         CountDownLatch done = new CountDownLatch(1);
-        Topology topology = countTopology(input, output, caching, () -> {
+        Runnable onRecord = () -> {
             if (seen.incrementAndGet() == rows) {
                 done.countDown();
             }
-        });
+        };
+        Topology topology = switch (shape) {
+            case "count" -> countTopology(input, output, caching, onRecord);
+            case "windowed" -> windowedTopology(input, output, caching, emitFinal, onRecord);
+            default -> throw new IllegalArgumentException("--topology must be count or windowed, not " + shape);
+        };
         Properties props = streamsProps(bootstrap, app, stateDir);
         props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 100);
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, caching ? 10L * 1024 * 1024 : 0L);
@@ -473,8 +505,9 @@ public final class KafkaStreamsBench {
                         + input + ": " + (failure.get() != null ? failure.get() : "state " + streams.state()));
                 rc = 1;
             } else {
-                System.out.printf("kafka-streams e2e read %d records in %.0f ms from start (caching %s, %s)%n", rows,
-                        (System.nanoTime() - start) / 1e6, caching ? "on" : "off", guarantee);
+                System.out.printf("kafka-streams e2e read %d records in %.0f ms from start (%s%s, caching %s, %s)%n",
+                        rows, (System.nanoTime() - start) / 1e6, shape, emitFinal ? " emit final" : "",
+                        caching ? "on" : "off", guarantee);
             }
         } finally {
             closeAndClean(streams, stateDir);
@@ -551,6 +584,68 @@ public final class KafkaStreamsBench {
                 .mapValues(c -> Long.toString(c).getBytes(java.nio.charset.StandardCharsets.US_ASCII))
                 .to(output, org.apache.kafka.streams.kstream.Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
         return builder.build();
+    }
+
+    /** Kafka Streams' window of the windowed e2e: tumbling, 1 minute, grace 10 s. */
+    static final TimeWindows E2E_WINDOWS = TimeWindows.ofSizeAndGrace(Duration.ofMinutes(1), Duration.ofSeconds(10));
+
+    /**
+     * The emit-final store's retention. At the default (size + grace, 70 s) Kafka Streams 4.1.1
+     * lost most final counts of this input: it sends closed windows at most once a second per
+     * task (its emit interval), and at this input's pace (a minute of event time every 50,000
+     * records, well under a second) a window's segment is dropped, about 110 s of event time
+     * after the window closed, before the next send looks for it. Ten minutes keeps every
+     * window until long after it was sent; the store holds a few hundred thousand small counts.
+     */
+    static final Duration E2E_FINAL_RETENTION = Duration.ofMinutes(10);
+
+    /**
+     * {@code groupByKey().windowedBy(E2E_WINDOWS).count()} of the input to the output: key
+     * {@code <key>@<window start ms>}, value the count as decimal ASCII, as kstate's windowed
+     * count sends them. The store is "counts" (a RocksDB window store, retention size + grace,
+     * changelog APP-counts-changelog), caching on or off. With {@code emitFinal} the count uses
+     * {@code EmitStrategy.onWindowClose()}: Kafka Streams then keeps the counts in its
+     * time-ordered window store (retention {@link #E2E_FINAL_RETENTION}) and, at most once a
+     * second per task (its internal emit interval, default 1000 ms, left as shipped), sends every
+     * window that closed since the last time. Windows that closed within the last second of a
+     * task's processing are therefore not sent before the run stops; {@code e2e measure --expect
+     * windows} accepts that (its clock then ends at the last output there is, which shortens this
+     * side's clock). {@code onRecord} runs for every input record.
+     */
+    private static Topology windowedTopology(String input, String output, boolean caching, boolean emitFinal,
+            Runnable onRecord) {
+        Materialized<byte[], Long, WindowStore<Bytes, byte[]>> counts =
+                Materialized.<byte[], Long, WindowStore<Bytes, byte[]>>as("counts")
+                        .withKeySerde(Serdes.ByteArray())
+                        .withValueSerde(Serdes.Long());
+        counts = caching ? counts.withCachingEnabled() : counts.withCachingDisabled();
+        if (emitFinal) {
+            counts = counts.withRetention(E2E_FINAL_RETENTION);
+        }
+        StreamsBuilder builder = new StreamsBuilder();
+        TimeWindowedKStream<byte[], byte[]> windowed = builder
+                .stream(input, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                .peek((k, v) -> onRecord.run())
+                .groupByKey(Grouped.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                .windowedBy(E2E_WINDOWS);
+        if (emitFinal) {
+            windowed = windowed.emitStrategy(EmitStrategy.onWindowClose());
+        }
+        windowed.count(counts)
+                .toStream()
+                .map((window, count) -> KeyValue.pair(windowKey(window), countText(count)))
+                .to(output, Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
+        return builder.build();
+    }
+
+    /** {@code <key>@<window start ms>}, the bytes kstate's windowed count sends. */
+    private static byte[] windowKey(Windowed<byte[]> window) {
+        byte[] start = ("@" + window.window().start()).getBytes(StandardCharsets.US_ASCII);
+        return ByteBuffer.allocate(window.key().length + start.length).put(window.key()).put(start).array();
+    }
+
+    private static byte[] countText(Long count) {
+        return Long.toString(count).getBytes(StandardCharsets.US_ASCII);
     }
 
     /**
