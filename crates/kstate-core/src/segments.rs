@@ -21,7 +21,9 @@
 //!   ([`ChangelogKeys`](crate::ChangelogKeys) maps between them).
 //! - **Sign-flipped big-endian times** order as signed numbers.
 
+use crate::error::Result;
 use crate::range::{KeyRange, prefix_end};
+use crate::store::KeyValueStore;
 
 /// The first byte of an entry's key.
 pub(crate) const DATA: u8 = 0x01;
@@ -78,6 +80,11 @@ pub(crate) fn unescape(bytes: &[u8]) -> Option<(Vec<u8>, &[u8])> {
 /// Reads a stream time stored under [`STREAM_TIME_KEY`]; a malformed value reads as none.
 pub(crate) fn decode_time(value: &[u8]) -> Option<i64> {
     (value.len() == 8).then(|| i64::from_be_bytes(value.try_into().unwrap_or_default()))
+}
+
+/// The stream time `store` holds under [`STREAM_TIME_KEY`] (`None`: none yet).
+pub(crate) fn stored_time<S: KeyValueStore + ?Sized>(store: &S) -> Result<Option<i64>> {
+    Ok(store.get(STREAM_TIME_KEY)?.and_then(|v| decode_time(&v)))
 }
 
 /// Time segments of a fixed interval, and which of them a retention keeps at a stream time.

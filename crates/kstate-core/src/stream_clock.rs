@@ -31,10 +31,7 @@ pub(crate) struct StreamClock {
 impl StreamClock {
     /// The clock of `store`, from the stream time stored in it.
     pub(crate) fn read<S: KeyValueStore + ?Sized>(store: &S, segments: Segments) -> Result<Self> {
-        let time = store
-            .get(STREAM_TIME_KEY)?
-            .and_then(|v| segments::decode_time(&v))
-            .unwrap_or(NONE);
+        let time = segments::stored_time(store)?.unwrap_or(NONE);
         Ok(StreamClock {
             segments,
             time: AtomicI64::new(time),

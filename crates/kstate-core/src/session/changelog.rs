@@ -40,9 +40,7 @@ impl ChangelogKeys for SessionChangelog {
     }
 
     fn replay(&self, store: &dyn KeyValueStore) -> Result<Box<dyn ChangelogReplay>> {
-        let stream_time = store
-            .get(STREAM_TIME_KEY)?
-            .and_then(|v| segments::decode_time(&v));
+        let stream_time = segments::stored_time(store)?;
         Ok(Box::new(SessionReplay {
             segments: self.segments,
             stream_time,

@@ -124,10 +124,7 @@ impl<S: KeyValueStore> TtlStore<S> {
     /// A TTL store over `store`, which holds this store only.
     pub fn open(store: S, options: TtlOptions) -> Result<Self> {
         options.validate(store.name())?;
-        let stream_time = store
-            .get(STREAM_TIME_KEY)?
-            .and_then(|v| segments::decode_time(&v))
-            .unwrap_or(NONE);
+        let stream_time = segments::stored_time(&store)?.unwrap_or(NONE);
         Ok(TtlStore {
             store,
             options,

@@ -28,10 +28,7 @@ impl WindowChangelog {
     /// The mapping for a window store opened with `options`.
     pub fn new(options: &WindowOptions) -> Self {
         WindowChangelog {
-            segments: Segments {
-                interval: options.segment_interval_ms(),
-                retention: options.retention_ms(),
-            },
+            segments: options.segments(),
         }
     }
 }
@@ -49,9 +46,7 @@ impl ChangelogKeys for WindowChangelog {
     }
 
     fn replay(&self, store: &dyn KeyValueStore) -> Result<Box<dyn ChangelogReplay>> {
-        let stream_time = store
-            .get(STREAM_TIME_KEY)?
-            .and_then(|v| segments::decode_time(&v));
+        let stream_time = segments::stored_time(store)?;
         let seq = store
             .get(SEQ_KEY)?
             .and_then(|v| v.try_into().ok().map(u32::from_be_bytes));

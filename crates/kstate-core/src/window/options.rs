@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::segments::Segments;
 
 /// Kafka Streams' default segment floor: segments are at least a minute long.
 const MIN_DEFAULT_SEGMENT_MS: i64 = 60_000;
@@ -110,6 +111,14 @@ impl WindowOptions {
     pub fn segment_interval_ms(&self) -> i64 {
         self.segment_interval
             .unwrap_or_else(|| (self.retention_ms() / 2).max(MIN_DEFAULT_SEGMENT_MS))
+    }
+
+    /// The store's time segments.
+    pub(crate) fn segments(&self) -> Segments {
+        Segments {
+            interval: self.segment_interval_ms(),
+            retention: self.retention_ms(),
+        }
     }
 
     /// The `retention.ms` the store's changelog topic needs (`cleanup.policy=compact,delete`):

@@ -114,10 +114,7 @@ impl<S: KeyValueStore> WindowStore<S> {
     /// to its reads, and the writer drops it.
     pub fn reader(store: S, options: WindowOptions) -> Result<Self> {
         options.validate(store.name())?;
-        let segments = Segments {
-            interval: options.segment_interval_ms(),
-            retention: options.retention_ms(),
-        };
+        let segments = options.segments();
         let next_seq = store
             .get(SEQ_KEY)?
             .and_then(|v| v.try_into().ok().map(u32::from_be_bytes))
