@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example window_ops -- [fetch] [drop] [restore] \
 //!     [--keys 1000] [--windows 1440] [--fetches 100000] [--drop-sizes 100000,1000000] \
-//!     [--restore-keys 10000] [--restore-windows 60] \
+//!     [--restore-keys 10000] [--restore-windows 60] [--restore-rounds 3] \
 //!     [--client-properties FILE] [--bootstrap-servers HOST:PORT]
 //! ```
 //!
@@ -27,9 +27,12 @@
 //!   grow with the segment; a file that also holds live keys (here the one flushed file, which
 //!   holds the stream time too) keeps its bytes until a compaction drops the covered keys.
 //! - `restore`: a logged window store puts `--restore-keys` × `--restore-windows` windows
-//!   (Kafka Streams' window changelog format), then an empty directory restores that changelog
-//!   and a bare consumer reads the same partition: prints
-//!   `window-restore records=<n> kstate=<r>/s consumer=<r>/s ratio=<kstate/consumer>`.
+//!   (Kafka Streams' window changelog format); then, `--restore-rounds` times in turn, an empty
+//!   directory restores that changelog, a plain key-value store restores the same records (what
+//!   the mapping to window keys costs) and a bare consumer reads the same partition. Prints a
+//!   `window-restore-round` line per round and then, from each one's best round,
+//!   `window-restore records=<n> kstate=<r>/s consumer=<r>/s ratio=<kstate/consumer>
+//!   key-value=<r>/s` (the machine is shared: one round of each is noise).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -227,6 +230,7 @@ fn drop_one(entries: u64, dir: &Path) -> Result<()> {
 fn restore(flags: &Flags, dir: &Path) -> Result<()> {
     let keys: u64 = flags.number("restore-keys", Some(10_000))?;
     let windows: i64 = flags.number("restore-windows", Some(60))?;
+    let rounds: u32 = flags.number("restore-rounds", Some(3))?;
     let cluster = kstate_bench::cluster::required(
         flags.optional("client-properties").map(Path::new),
         flags.optional("bootstrap-servers"),
@@ -265,37 +269,50 @@ fn restore(flags: &Flags, dir: &Path) -> Result<()> {
         writer.inner().commit()?;
         writer.into_inner().close()?;
 
-        let restored = LoggedStore::open(
-            dir.join("restored"),
-            &RocksDbOptions::default(),
-            config(&cluster),
-        )?;
-        let report = restored.restore_report().clone();
-        let windows_back = WindowStore::open(restored, options)?;
-        let back = windows_back.fetch_all(..)?.count() as u64;
-        if back != keys * windows as u64 {
-            bail!(
-                "restored {back} windows of {} written",
-                keys * windows as u64
+        let (mut best_kstate, mut best_consumer, mut best_plain) = (0f64, 0f64, 0f64);
+        let mut records = 0;
+        for round in 1..=rounds {
+            let restored = LoggedStore::open(
+                dir.join(format!("restored-{round}")),
+                &RocksDbOptions::default(),
+                config(&cluster),
+            )?;
+            let report = restored.restore_report().clone();
+            let windows_back = WindowStore::open(restored, options)?;
+            let back = windows_back.fetch_all(..)?.count() as u64;
+            if back != keys * windows as u64 {
+                bail!(
+                    "restored {back} windows of {} written",
+                    keys * windows as u64
+                );
+            }
+            windows_back.into_inner().close()?;
+            // The same records into a plain key-value store: what the mapping to window keys
+            // costs.
+            let plain = LoggedStore::open(
+                dir.join(format!("plain-{round}")),
+                &RocksDbOptions::default(),
+                ChangelogConfig::new(cluster.clone(), &topic, 0).partitions(1),
+            )?;
+            let plain_rate = plain.restore_report().records_per_sec();
+            plain.close()?;
+            let (read, elapsed) = kstate_bench::kafka::bare_read(&cluster, &topic, 0)?;
+            let consumer = read as f64 / elapsed.as_secs_f64();
+            let kstate = report.records_per_sec();
+            println!(
+                "window-restore-round round={round} kstate={kstate:.0}/s consumer={consumer:.0}/s \
+                 ratio={:.2} key-value={plain_rate:.0}/s",
+                kstate / consumer
             );
+            records = report.records;
+            best_kstate = best_kstate.max(kstate);
+            best_consumer = best_consumer.max(consumer);
+            best_plain = best_plain.max(plain_rate);
         }
-        windows_back.into_inner().close()?;
-        // The same records into a plain key-value store: what the mapping to window keys costs.
-        let plain = LoggedStore::open(
-            dir.join("plain"),
-            &RocksDbOptions::default(),
-            ChangelogConfig::new(cluster.clone(), &topic, 0).partitions(1),
-        )?;
-        let plain_rate = plain.restore_report().records_per_sec();
-        plain.close()?;
-        let (read, elapsed) = kstate_bench::kafka::bare_read(&cluster, &topic, 0)?;
-        let consumer = read as f64 / elapsed.as_secs_f64();
         println!(
-            "window-restore records={} kstate={:.0}/s consumer={consumer:.0}/s ratio={:.2} \
-             key-value={plain_rate:.0}/s",
-            report.records,
-            report.records_per_sec(),
-            report.records_per_sec() / consumer
+            "window-restore records={records} kstate={best_kstate:.0}/s \
+             consumer={best_consumer:.0}/s ratio={:.2} key-value={best_plain:.0}/s",
+            best_kstate / best_consumer
         );
         Ok(())
     })();

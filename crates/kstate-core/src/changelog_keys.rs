@@ -47,20 +47,26 @@ impl MutationSink for Vec<Mutation> {
 /// Turns changelog records back into store mutations, in changelog order, during one restore.
 pub trait ChangelogReplay: Send {
     /// Appends to `out` the mutations the record `key` → `value` (`None`: a tombstone) stands
-    /// for; none skips it (a window already past retention). `stream_time` is the store's
-    /// stream time when the record was written, if the writer sent it (kstate does, in the
-    /// `kstate.time` header); without it (a Kafka Streams changelog) the record's own time
-    /// stands in, as Kafka Streams' stores advance stream time (a window's start, a session's
-    /// end). An error fails the restore, naming the record's topic, partition and offset.
+    /// for; none skips it (a window already past retention). The record's own time (a window's
+    /// start, a session's end, a TTL write's time) advances stream time, as Kafka Streams'
+    /// stores advance it. An error fails the restore, naming the record's topic, partition and
+    /// offset.
     fn record(
         &mut self,
         key: &[u8],
         value: Option<&[u8]>,
-        stream_time: Option<i64>,
         out: &mut dyn MutationSink,
     ) -> Result<(), BoxError>;
 
     /// Appends the derived local keys to write with a chunk of replayed records, atomically with
     /// it and its position (the stream time the records so far advanced to).
-    fn end_of_chunk(&mut self, out: &mut dyn MutationSink);
+    ///
+    /// `sent_stream_time` is the store's stream time when the chunk's last record was written,
+    /// if the writer sent it (kstate does, in the `kstate.time` header; a Kafka Streams
+    /// changelog does not). A store's stream time only grows along its changelog, so the last
+    /// record's is the chunk's latest: the restore reads one header per chunk, not one per
+    /// record (parsing every record's headers cost a third of a window store's restore). Within
+    /// a chunk, stream time is the records' own times, never later than the sent one: a record
+    /// past retention may then be written and is dropped when the store opens, never kept.
+    fn end_of_chunk(&mut self, sent_stream_time: Option<i64>, out: &mut dyn MutationSink);
 }

@@ -60,7 +60,6 @@ impl ChangelogReplay for SessionReplay {
         &mut self,
         key: &[u8],
         value: Option<&[u8]>,
-        stream_time: Option<i64>,
         out: &mut dyn MutationSink,
     ) -> Result<(), BoxError> {
         let Some(split) = key.len().checked_sub(SUFFIX) else {
@@ -77,17 +76,16 @@ impl ChangelogReplay for SessionReplay {
         if end < self.segments.min_live(self.stream_time) {
             return Ok(());
         }
-        // A removal's end does not advance stream time (the store's remove does not either);
-        // every record carries the stream time when it was written.
+        // A removal's end does not advance stream time (the store's remove does not either).
         if value.is_some() {
-            let time = stream_time.map_or(end, |t| t.max(end));
-            self.stream_time = Some(self.stream_time.map_or(time, |t| t.max(time)));
+            self.stream_time = self.stream_time.max(Some(end));
         }
         out.write(&session_key(&self.segments, user_key, start, end), value);
         Ok(())
     }
 
-    fn end_of_chunk(&mut self, out: &mut dyn MutationSink) {
+    fn end_of_chunk(&mut self, sent_stream_time: Option<i64>, out: &mut dyn MutationSink) {
+        self.stream_time = self.stream_time.max(sent_stream_time);
         if self.written == self.stream_time {
             return;
         }

@@ -203,6 +203,28 @@ pub fn stream_time_survives_a_reopen<H: Harness>(h: &mut H) {
     w.into_inner().close().unwrap();
 }
 
+/// Stream time observed past every window start (a record's time) is what the store has after
+/// a reopen; restored from the changelog alone, it comes from the time sent with the last record.
+pub fn an_observed_stream_time_survives_a_reopen<H: Harness>(h: &mut H) {
+    let mut w = open(h, small_windows());
+    w.put(b"k", 10, Some(b"a")).unwrap();
+    w.observe(100).unwrap();
+    w.put(b"k", 60, Some(b"b")).unwrap();
+    w.inner().flush().unwrap();
+    w = reopen(h, w);
+    assert_eq!(w.stream_time(), Some(100));
+    // Live by the last window start (60), expired by the observed time (100).
+    assert!(matches!(
+        w.put(b"k", 45, Some(b"late")).unwrap(),
+        WindowPut::Expired { stream_time: 100 }
+    ));
+    assert_eq!(
+        fetch(&w, b"k", 0, 200, Order::Forward),
+        [(60, b"b".to_vec())]
+    );
+    w.into_inner().close().unwrap();
+}
+
 pub fn duplicates_are_all_kept_when_asked<H: Harness>(h: &mut H) {
     let mut w = open(h, small_windows().retain_duplicates());
     w.put(b"k", 10, Some(b"1")).unwrap();
@@ -237,6 +259,7 @@ macro_rules! window_tests {
                 expired_windows_are_refused_and_invisible,
                 expired_segments_are_dropped_from_the_store,
                 stream_time_survives_a_reopen,
+                an_observed_stream_time_survives_a_reopen,
                 duplicates_are_all_kept_when_asked
             );
 

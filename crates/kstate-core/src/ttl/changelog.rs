@@ -42,7 +42,6 @@ impl ChangelogReplay for TtlReplay {
         &mut self,
         key: &[u8],
         value: Option<&[u8]>,
-        stream_time: Option<i64>,
         out: &mut dyn MutationSink,
     ) -> Result<(), BoxError> {
         let Some(value) = value else {
@@ -57,14 +56,14 @@ impl ChangelogReplay for TtlReplay {
             )
             .into());
         };
-        let time = stream_time.map_or(written, |t| t.max(written));
-        self.stream_time = Some(self.stream_time.map_or(time, |t| t.max(time)));
+        self.stream_time = self.stream_time.max(Some(written));
         out.write(&data_key(key), Some(value));
         out.write(&index_key(key, expires), Some(&[]));
         Ok(())
     }
 
-    fn end_of_chunk(&mut self, out: &mut dyn MutationSink) {
+    fn end_of_chunk(&mut self, sent_stream_time: Option<i64>, out: &mut dyn MutationSink) {
+        self.stream_time = self.stream_time.max(sent_stream_time);
         if self.written == self.stream_time {
             return;
         }

@@ -75,7 +75,6 @@ impl ChangelogReplay for WindowReplay {
         &mut self,
         key: &[u8],
         value: Option<&[u8]>,
-        stream_time: Option<i64>,
         out: &mut dyn MutationSink,
     ) -> Result<(), BoxError> {
         let Some(split) = key.len().checked_sub(SUFFIX) else {
@@ -93,9 +92,8 @@ impl ChangelogReplay for WindowReplay {
         if start < self.segments.min_live(self.stream_time) {
             return Ok(());
         }
-        // The stream time when the record was written: at least the window start.
-        let time = stream_time.map_or(start, |t| t.max(start));
-        self.stream_time = Some(self.stream_time.map_or(time, |t| t.max(time)));
+        // The stream time when the record was written was at least the window start.
+        self.stream_time = self.stream_time.max(Some(start));
         self.seq = Some(self.seq.map_or(seq, |s| s.max(seq)));
         // Built in a buffer kept across records: a restore maps millions of them.
         let store_key = &mut self.key;
@@ -108,7 +106,8 @@ impl ChangelogReplay for WindowReplay {
         Ok(())
     }
 
-    fn end_of_chunk(&mut self, out: &mut dyn MutationSink) {
+    fn end_of_chunk(&mut self, sent_stream_time: Option<i64>, out: &mut dyn MutationSink) {
+        self.stream_time = self.stream_time.max(sent_stream_time);
         if self.written == (self.stream_time, self.seq) {
             return;
         }

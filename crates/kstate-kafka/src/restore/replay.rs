@@ -25,7 +25,7 @@ use rdkafka::Offset;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Message};
 
 use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
@@ -154,6 +154,9 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                 None => None,
             };
             let mut batch = Chunk::default();
+            // The last record read: a mapped store's chunk ends with the stream time sent with
+            // it (one header parsed per chunk; see `ChangelogReplay::end_of_chunk`).
+            let mut last_record = None;
             let mut last_offset = start_offset - 1;
             let mut last_progress = Instant::now();
             let mut progress_offset = last_offset;
@@ -190,17 +193,16 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                         match replay.as_mut() {
                             None => batch.push(key, value),
                             Some(replay) => {
-                                replay
-                                    .record(key, value, sent_stream_time(&message), &mut batch)
-                                    .map_err(|e| {
-                                        bad("the record's key does not map".into(), Some(e))
-                                    })?;
+                                replay.record(key, value, &mut batch).map_err(|e| {
+                                    bad("the record's key does not map".into(), Some(e))
+                                })?;
                             }
                         }
                         last_offset = offset;
+                        last_record = Some(message);
                         if batch.records.len() >= chunk_records || batch.bytes.len() >= chunk_bytes
                         {
-                            end_chunk(&mut replay, &mut batch);
+                            end_chunk(&mut replay, last_record.as_ref(), &mut batch);
                             // Send, then take the chunk the writer returned before it took
                             // this one: never more than two chunks.
                             if to_writer
@@ -224,7 +226,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                             break;
                         }
                         if follow && batch.read > 0 {
-                            end_chunk(&mut replay, &mut batch);
+                            end_chunk(&mut replay, last_record.as_ref(), &mut batch);
                             // A follower applies what it has whenever the log goes quiet.
                             if to_writer
                                 .send((std::mem::take(&mut batch), last_offset))
@@ -269,7 +271,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                 }
             }
             // The last chunk; a failed send means the writer stopped on an error.
-            end_chunk(&mut replay, &mut batch);
+            end_chunk(&mut replay, last_record.as_ref(), &mut batch);
             let _ = to_writer.send((batch, last_offset));
             Ok(())
         };
@@ -297,7 +299,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
 /// The stream time kstate sent with a record (its [`TIME_HEADER`](crate::TIME_HEADER)); Kafka
 /// Streams' records have none (their timestamp is the record's time, not the store's stream
 /// time: the replay falls back to the record's window start or session end, as Kafka Streams).
-fn sent_stream_time(message: &rdkafka::message::BorrowedMessage<'_>) -> Option<i64> {
+fn sent_stream_time(message: &BorrowedMessage<'_>) -> Option<i64> {
     use rdkafka::message::Headers;
     message.headers().and_then(|headers| {
         headers
@@ -309,10 +311,15 @@ fn sent_stream_time(message: &rdkafka::message::BorrowedMessage<'_>) -> Option<i
     })
 }
 
-/// Appends the derived local keys of a mapped store to `batch`, which is about to be written.
-fn end_chunk(replay: &mut Option<Box<dyn ChangelogReplay>>, batch: &mut Chunk) {
+/// Appends the derived local keys of a mapped store to `batch`, which is about to be written;
+/// `last_record` is the last record read into it.
+fn end_chunk(
+    replay: &mut Option<Box<dyn ChangelogReplay>>,
+    last_record: Option<&BorrowedMessage<'_>>,
+    batch: &mut Chunk,
+) {
     if let Some(replay) = replay {
-        replay.end_of_chunk(batch);
+        replay.end_of_chunk(last_record.and_then(sent_stream_time), batch);
     }
 }
 
@@ -404,7 +411,8 @@ struct Chunk {
 
 #[derive(Clone, Copy)]
 struct ChunkRecord {
-    /// [`key_prefix`] of the key: the sort compares these first.
+    /// Set by the sort: [`key_prefix`] of the key past the bytes every key of the chunk
+    /// shares, which the sort compares first.
     prefix: u64,
     start: usize,
     key_len: u32,
@@ -420,7 +428,7 @@ impl Chunk {
             self.bytes.extend_from_slice(value);
         }
         self.records.push(ChunkRecord {
-            prefix: key_prefix(key),
+            prefix: 0,
             start,
             key_len: key.len() as u32,
             value_len: value.map(|v| v.len() as u32),
@@ -449,11 +457,18 @@ impl Chunk {
         scratch: &mut Vec<u8>,
     ) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
         let mut order = std::mem::take(&mut self.records);
+        // The bytes every key starts with order nothing (a window store's keys share their
+        // segment's prefix: compared as they were read, every comparison fell to `memcmp`).
+        // The sort compares the 8 bytes after them first.
+        let shared = self.shared_prefix_len(&order);
+        for r in &mut order {
+            r.prefix = key_prefix(&self.key(r)[shared..]);
+        }
         order.reverse(); // newest first, so the stable sort keeps the newest first among equals
         order.sort_by(|a, b| {
             a.prefix
                 .cmp(&b.prefix)
-                .then_with(|| self.key(a).cmp(self.key(b)))
+                .then_with(|| self.key(a)[shared..].cmp(&self.key(b)[shared..]))
         });
         order.dedup_by(|later, kept| {
             later.prefix == kept.prefix && self.key(later) == self.key(kept)
@@ -473,6 +488,21 @@ impl Chunk {
         *scratch = std::mem::replace(&mut self.bytes, sorted);
         self.records = order;
         self.records.iter().map(|r| (self.key(r), self.value(r)))
+    }
+
+    /// How many leading bytes all of `records`' keys share.
+    fn shared_prefix_len(&self, records: &[ChunkRecord]) -> usize {
+        let Some(first) = records.first().map(|r| self.key(r)) else {
+            return 0;
+        };
+        records.iter().fold(first.len(), |shared, r| {
+            let key = self.key(r);
+            first[..shared]
+                .iter()
+                .zip(key)
+                .position(|(a, b)| a != b)
+                .unwrap_or(shared.min(key.len()))
+        })
     }
 
     fn clear(&mut self) {
