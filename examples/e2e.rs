@@ -158,6 +158,12 @@ fn main() -> Result<()> {
         .next()
         .with_context(|| format!("usage: e2e {COMMANDS} ..."))?;
     let flags = Flags::parse(args)?;
+    // The runtime's warnings (and, with `--log info`, its story) go to stderr.
+    let level: tracing::Level = flags.optional("log").unwrap_or("warn").parse()?;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .init();
     let client = client_properties(&flags)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -342,9 +342,7 @@ impl<S: KeyValueStore> SessionStore<S> {
 
 /// The local key of `key`'s session `start..=end`.
 pub(crate) fn session_key(segments: &Segments, key: &[u8], start: i64, end: i64) -> Vec<u8> {
-    let mut k = segments.prefix(segments.id(end));
-    k.reserve(key.len() + 2 + SUFFIX);
-    segments::escape_into(key, &mut k);
+    let mut k = segments.key_in(segments.id(end), key, SUFFIX);
     k.extend_from_slice(&segments::flip(end));
     k.extend_from_slice(&segments::flip(start));
     k

@@ -340,9 +340,7 @@ impl<S: KeyValueStore> WindowStore<S> {
 
     /// The local key of an entry.
     fn entry_key(&self, key: &[u8], start: i64, seq: u32) -> Vec<u8> {
-        let mut k = self.segments.prefix(self.segments.id(start));
-        k.reserve(key.len() + 2 + SUFFIX);
-        segments::escape_into(key, &mut k);
+        let mut k = self.segments.key_in(self.segments.id(start), key, SUFFIX);
         k.extend_from_slice(&segments::flip(start));
         k.extend_from_slice(&seq.to_be_bytes());
         k
