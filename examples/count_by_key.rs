@@ -31,6 +31,10 @@
 //! `--instance-id NAME` names this copy's transactional ids (`<app-id>-<NAME>-<worker>`): a copy
 //! restarted with the same name fences its previous incarnation at once. Never give two running
 //! copies the same name.
+//!
+//! `--standby-replicas 1` (with `--instance-id`) makes the copies static group members that
+//! keep warm standbys of the tasks a failure of another copy would bring them, so that a
+//! takeover replays only the last records (the eager range assignor, `AppBuilder::standby_replicas`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -57,11 +61,12 @@ struct Args {
     consumer_properties: Vec<(String, String)>,
     guarantee: ProcessingGuarantee,
     instance_id: Option<String>,
+    standby_replicas: u32,
 }
 
 const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC [--input TOPIC]... --output TOPIC \
     [--bootstrap-servers HOST:PORT] [--client-properties FILE] [--state-dir PATH] [--threads N] [--restore-threads N] [--commit-interval-ms N] \
-    [--guarantee at-least-once|exactly-once] [--instance-id NAME] [--coalesce] \
+    [--guarantee at-least-once|exactly-once] [--instance-id NAME] [--standby-replicas N] [--coalesce] \
     [--consumer-property KEY=VALUE]...";
 
 fn parse_args() -> Result<Args> {
@@ -76,6 +81,7 @@ fn parse_args() -> Result<Args> {
     let mut consumer_properties = Vec::new();
     let mut guarantee = ProcessingGuarantee::default();
     let mut instance_id = None;
+    let mut standby_replicas = 0;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--coalesce" {
@@ -108,6 +114,9 @@ fn parse_args() -> Result<Args> {
             }
             "--guarantee" => guarantee = value.parse()?,
             "--instance-id" => instance_id = Some(value),
+            "--standby-replicas" => {
+                standby_replicas = value.parse().context("--standby-replicas")?
+            }
             _ => bail!("unknown flag {flag}; {USAGE}"),
         }
     }
@@ -136,6 +145,7 @@ fn parse_args() -> Result<Args> {
         consumer_properties,
         guarantee,
         instance_id,
+        standby_replicas,
     })
 }
 
@@ -187,6 +197,11 @@ async fn run(args: Args) -> Result<()> {
         .restore_listener(std::sync::Arc::new(PrintRestores));
     if let Some(id) = &args.instance_id {
         builder.instance_id(id.clone());
+    }
+    if args.standby_replicas > 0 {
+        builder
+            .static_membership(true)
+            .standby_replicas(args.standby_replicas);
     }
     if let Some(n) = args.restore_threads {
         builder.restore_threads(n);

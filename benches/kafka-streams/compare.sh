@@ -92,6 +92,9 @@
 #                            run (caching off) for the overhead line: prints e2e-eos and
 #                            e2e-eos-overhead only
 #   ONLY=latency             only the latency runs (7.)
+#   ONLY=failover-standby    only the failover with a standby replica on both systems
+#                            (failover.sh FAILOVER_STANDBYS=1; not part of ONLY=all): prints
+#                            failover-standby only
 #   ONLY=windowed            only the windowed runs (8.): prints windowed-alos, windowed-eos and
 #                            windowed-final only
 #                            (default ONLY=all: everything; parts can be combined with commas,
@@ -135,6 +138,7 @@ DELETE_TOPICS=(--delete-topics)
 # The parts ONLY asks for (comma-separated): base (a.-c.), e2e, eos, failover, recovery, latency,
 # windowed.
 want_base=0 want_e2e=0 want_eos=0 want_failover=0 want_recovery=0 want_latency=0 want_windowed=0
+want_failover_standby=0
 IFS=, read -r -a only_parts <<<"$ONLY"
 for part in "${only_parts[@]}"; do
     case $part in
@@ -143,10 +147,11 @@ for part in "${only_parts[@]}"; do
         e2e) want_e2e=1 ;;
         eos) want_eos=1 ;;
         failover) want_failover=1 ;;
+        failover-standby) want_failover_standby=1 ;;
         recovery) want_recovery=1 ;;
         latency) want_latency=1 ;;
         windowed) want_windowed=1 ;;
-        *) die "ONLY=$ONLY: all, base, e2e, eos, failover, recovery, latency or windowed (or several, comma-separated)" ;;
+        *) die "ONLY=$ONLY: all, base, e2e, eos, failover, failover-standby, recovery, latency or windowed (or several, comma-separated)" ;;
     esac
 done
 # The e2e part includes the exactly-once pair.
@@ -410,6 +415,16 @@ if [[ $want_failover == 1 ]]; then
     touch_lease
 fi
 
+failover_standby_line=
+if [[ $want_failover_standby == 1 ]]; then
+    log "e'. failover with a standby replica on both (failover.sh, FAILOVER_STANDBYS=1; logs in $LOG_DIR/failover-standby)"
+    KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/failover-standby \
+        FAILOVER_MODE=takeover FAILOVER_STANDBYS=1 "$HERE/failover.sh" | tee "$LOG_DIR/failover-standby.out"
+    failover_standby_line=$(grep '^failover-standby kafka-streams=' "$LOG_DIR/failover-standby.out" | tail -n 1)
+    [[ -n $failover_standby_line ]] || die "failover.sh (standbys) printed no result line"
+    touch_lease
+fi
+
 # ------------------------------------------------------------------ f. the recovery, exactly-once
 
 recovery_line=
@@ -452,6 +467,9 @@ if [[ $want_windowed == 1 ]]; then
 fi
 if [[ -n $failover_line ]]; then
     echo "$failover_line"
+fi
+if [[ -n $failover_standby_line ]]; then
+    echo "$failover_standby_line"
 fi
 if [[ -n $recovery_line ]]; then
     echo "$recovery_line"

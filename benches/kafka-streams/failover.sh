@@ -41,6 +41,12 @@
 #   The last line:
 #     recovery-eos kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
 #
+# FAILOVER_STANDBYS=1 (takeover mode): each copy keeps a standby replica of the other's tasks,
+#   Kafka Streams with num.standby.replicas=1 (`serve --standby-replicas 1`), kstate with
+#   `count_by_key --standby-replicas 1 --instance-id copy-COPY` (static members, the eager range
+#   assignor, standbys where a failure sends each task); the last line is then
+#     failover-standby kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
+#
 # Before the last line, per system, where the time went (from the survivor's, or the restarted
 # copy's, restore lines after the kill):
 #   failover-detail system=<s> seconds=<s> until_first_restore_s=<s> restore_s=<s> restored=<n> state_bytes=<b>
@@ -73,11 +79,14 @@ PARTITIONS=${FAILOVER_PARTITIONS:-8}
 SESSION_TIMEOUT_MS=${SESSION_TIMEOUT_MS:-6000}
 HEARTBEAT_MS=${HEARTBEAT_MS:-500}
 MODE=${FAILOVER_MODE:-takeover}
+STANDBYS=${FAILOVER_STANDBYS:-0}
 case $MODE in
 takeover) APP=kstate-failover-$(date +%s)-$$ ;;
 restart) APP=kstate-recovery-$(date +%s)-$$ ;;
 *) die "FAILOVER_MODE must be takeover or restart (got '$MODE')" ;;
 esac
+[[ $STANDBYS =~ ^[01]$ ]] || die "FAILOVER_STANDBYS must be 0 or 1 (got '$STANDBYS')"
+[[ $STANDBYS == 0 || $MODE == takeover ]] || die "FAILOVER_STANDBYS=1 is for FAILOVER_MODE=takeover"
 read -r -a JAVA_OPTS <<<"${KS_JAVA_OPTS:-}"
 
 [[ $ROWS =~ ^[1-9][0-9]*$ ]] || die "FAILOVER_ROWS must be a positive whole number (got '$ROWS')"
@@ -128,6 +137,9 @@ start() {
         if [[ $MODE == restart ]]; then
             extra=(--guarantee exactly-once --group-instance-id "copy-$copy")
         fi
+        if ((STANDBYS > 0)); then
+            extra+=(--standby-replicas "$STANDBYS")
+        fi
         java "${JAVA_OPTS[@]}" -jar "$JAR" serve --bootstrap "$BOOTSTRAP" --application-id "$app" \
             --input "$INPUT" --output "$app-out" --state-dir "$state" \
             --session-timeout-ms "$SESSION_TIMEOUT_MS" --heartbeat-interval-ms "$HEARTBEAT_MS" \
@@ -140,6 +152,9 @@ start() {
         if [[ $MODE == restart ]]; then
             extra+=(--guarantee exactly-once --instance-id "copy-$copy" --threads 1
                 --consumer-property "group.instance.id=copy-$copy")
+        fi
+        if ((STANDBYS > 0)); then
+            extra+=(--instance-id "copy-$copy" --standby-replicas "$STANDBYS")
         fi
         KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$COUNT_BIN" --application-id "$app" --input "$INPUT" \
             --output "$app-out" --state-dir "$state" --commit-interval-ms 100 \
@@ -267,6 +282,7 @@ if [[ ${KEEP_TOPICS:-0} == 0 ]]; then
 fi
 
 RESULT=failover
+((STANDBYS == 0)) || RESULT=failover-standby
 [[ $MODE == takeover ]] || RESULT=recovery-eos
 echo "$RESULT kafka-streams=${SECONDS_kafka_streams}s kstate=${SECONDS_kstate}s" \
     "ratio=$(awk -v a="$SECONDS_kafka_streams" -v b="$SECONDS_kstate" 'BEGIN { printf "%.2f", a / b }')"

@@ -16,6 +16,7 @@ use crate::config::{AppConfig, ProcessorFactory};
 use crate::error::{TaskError, panic_message};
 use crate::query::{QueryError, Queryable};
 use crate::shared::{AppShared, AppState};
+use crate::standby::StandbyStatus;
 use crate::status::TaskStatus;
 
 /// An application, ready to start.
@@ -94,6 +95,14 @@ impl App {
             handles.push(worker);
         }
         drop(jobs);
+        if let Some(standbys) = shared.standbys.clone() {
+            let app = shared.clone();
+            let manager = std::thread::Builder::new()
+                .name("kstate-standbys".into())
+                .spawn(move || crate::standby::run(standbys, app))
+                .map_err(|e| thread_error("kstate-standbys".into(), e))?;
+            handles.push(manager);
+        }
         tracing::info!(
             application_id = %shared.config.application_id,
             threads = shared.config.threads,
@@ -239,6 +248,16 @@ impl Running {
     /// Every task of this process: state, restore progress, records processed.
     pub fn tasks(&self) -> Vec<TaskStatus> {
         self.shared.registry.statuses()
+    }
+
+    /// This process's standby tasks ([`AppBuilder::standby_replicas`](crate::AppBuilder::standby_replicas)):
+    /// the tasks it follows, how far, and how far behind.
+    pub fn standbys(&self) -> Vec<StandbyStatus> {
+        self.shared
+            .standbys
+            .as_ref()
+            .map(|s| s.statuses())
+            .unwrap_or_default()
     }
 
     /// The input topics' partition count.

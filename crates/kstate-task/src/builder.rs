@@ -77,6 +77,7 @@ impl AppBuilder {
                 guarantee: ProcessingGuarantee::default(),
                 instance_id: random_instance_id(),
                 static_membership: false,
+                standby_replicas: 0,
                 transaction_timeout: Duration::from_secs(10),
                 error_policy: ErrorPolicy::default(),
             },
@@ -118,6 +119,24 @@ impl AppBuilder {
     /// default.
     pub fn static_membership(&mut self, on: bool) -> &mut Self {
         self.config.static_membership = on;
+        self
+    }
+
+    /// Standby replicas: with `1`, each process keeps warm copies of the tasks it would receive
+    /// if any one other process failed, following their changelogs, so that a failover replays
+    /// only the records of the last moments instead of the task's whole state (Kafka Streams'
+    /// `num.standby.replicas`). `0` (the default): none.
+    ///
+    /// librdkafka has no pluggable assignor, so standbys go where the group's assignor will put
+    /// each task: they need [`static_membership`](Self::static_membership) and the eager
+    /// `range` assignor ([`GroupProtocol::Eager`], the default when standbys are on), whose
+    /// assignment every process can compute from the members' instance ids
+    /// ([`placement`](crate::placement)). A task can have a standby on more than one process
+    /// (a failure also shifts the ranges next to the failed member's), and each follows its
+    /// changelogs with a thread per store. More than one replica (surviving two failures
+    /// warm) is refused. [`Running::standbys`](crate::Running::standbys) shows them.
+    pub fn standby_replicas(&mut self, n: u32) -> &mut Self {
+        self.config.standby_replicas = n;
         self
     }
 
@@ -330,9 +349,13 @@ impl AppBuilder {
     /// keep partition *p* of several inputs together.
     fn checked_protocol(&self) -> Result<GroupProtocol, TaskError> {
         let c = &self.config;
-        let protocol = self
-            .group_protocol
-            .unwrap_or_else(|| GroupProtocol::default_for(c.inputs.len()));
+        let protocol = self.group_protocol.unwrap_or_else(|| {
+            if c.standby_replicas > 0 {
+                GroupProtocol::Eager
+            } else {
+                GroupProtocol::default_for(c.inputs.len())
+            }
+        });
         if c.inputs.len() > 1 {
             let overridden = ["partition.assignment.strategy", "group.remote.assignor"]
                 .iter()
@@ -406,6 +429,26 @@ impl AppBuilder {
                 return invalid(
                     "static membership needs the classic protocol: under GroupProtocol::Consumer librdkafka fails a restarted member whose predecessor's session has not expired (UNRELEASED_INSTANCE_ID)"
                         .into(),
+                );
+            }
+        }
+        if c.standby_replicas > 1 {
+            return invalid(format!(
+                "{} standby replicas: at most 1 is supported (a standby of every task that any single process failure would bring here)",
+                c.standby_replicas
+            ));
+        }
+        if c.standby_replicas > 0 {
+            if !c.static_membership || c.group_protocol != GroupProtocol::Eager {
+                return invalid(format!(
+                    "standby replicas need static membership and GroupProtocol::Eager (the range assignor over instance ids, whose assignment after a failure can be computed); this application has static membership {} and the {} protocol",
+                    if c.static_membership { "on" } else { "off" },
+                    c.group_protocol.name()
+                ));
+            }
+            if c.consumer_properties.contains_key("client.id") {
+                return invalid(
+                    "standby replicas need each worker's client.id to be its group.instance.id (how the other processes see the group's members): do not set client.id".into(),
                 );
             }
         }

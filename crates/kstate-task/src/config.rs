@@ -212,6 +212,8 @@ pub(crate) struct AppConfig {
     pub(crate) instance_id: String,
     /// `group.instance.id` per worker (KIP-345), from the instance id.
     pub(crate) static_membership: bool,
+    /// Standby replicas ([`crate::AppBuilder::standby_replicas`]): 0 or 1.
+    pub(crate) standby_replicas: u32,
     pub(crate) transaction_timeout: Duration,
     pub(crate) error_policy: ErrorPolicy,
 }

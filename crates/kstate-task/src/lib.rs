@@ -63,10 +63,12 @@ mod error;
 mod ids;
 mod open_files;
 mod partitioner;
+pub mod placement;
 mod processor;
 mod query;
 mod restorer;
 mod shared;
+mod standby;
 mod status;
 mod stores;
 mod task;
@@ -85,6 +87,7 @@ pub use partitioner::partition_for;
 pub use processor::{Context, Processor};
 pub use query::{QueryError, Queryable, SessionQuery, StoreQuery, WindowQuery};
 pub use shared::AppState;
+pub use standby::StandbyStatus;
 pub use status::{RestoreProgress, TaskState, TaskStatus};
 pub use stores::{
     SessionHandle, StoreHandle, TaskSessionStore, TaskTtlStore, TaskWindowStore, TtlHandle,

@@ -120,7 +120,7 @@ fn held(error: &OpenError) -> bool {
 /// Opens task `task`'s part of the shared RocksDB, then moves in what an older kstate left at
 /// `dir`; waits while the task is still held here.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
-fn open_task_db(
+pub(crate) fn open_task_db(
     db: &SharedDb,
     task: TaskId,
     dir: &Path,

@@ -10,6 +10,7 @@ use kstate_rocksdb::SharedDb;
 
 use crate::config::{AppConfig, ProcessorFactory};
 use crate::error::TaskError;
+use crate::standby::Standbys;
 use crate::status::Registry;
 
 /// Where the application is.
@@ -48,6 +49,8 @@ pub(crate) struct AppShared {
     /// The input topics' (common) partition count.
     pub(crate) partitions: i32,
     pub(crate) registry: Registry,
+    /// The standby tasks, when [`AppConfig::standby_replicas`] is on.
+    pub(crate) standbys: Option<Arc<Standbys>>,
     /// The RocksDB every task keeps its stores in; `None` once the application has ended
     /// ([`close_state_db`](Self::close_state_db)).
     rocksdb: Mutex<Option<SharedDb>>,
@@ -63,6 +66,7 @@ impl AppShared {
         rocksdb: SharedDb,
     ) -> Self {
         AppShared {
+            standbys: (config.standby_replicas > 0).then(Arc::default),
             config,
             factory,
             partitions,

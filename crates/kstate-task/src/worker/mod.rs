@@ -91,7 +91,9 @@ pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Resul
     };
     let mut client = consumer_config(config);
     if let Some(id) = config.group_instance_id(index) {
-        client.set("group.instance.id", id);
+        // The client id too: it is how other processes see the member's instance id in the
+        // group's description (standby placement, the `standby` module).
+        client.set("client.id", &id).set("group.instance.id", id);
     }
     let consumer: WorkerConsumer = client
         .create_with_context(WorkerContext {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use kstate_kafka::CancelToken;
 
-use crate::ids::InputPartition;
+use crate::ids::{InputPartition, TaskId};
 use crate::shared::AppShared;
 use crate::status::Progress;
 use crate::task::Task;
@@ -203,6 +203,11 @@ impl Slots {
         self.app
             .registry
             .restoring(self.worker, partition, progress);
+        // After the registry has it: a standby manager looking now either sees the task here
+        // or sees this activation (the `standby` module).
+        if let Some(standbys) = &self.app.standbys {
+            standbys.activate(TaskId { partition });
+        }
         self.slots.insert(
             partition,
             Slot::Restoring(Restoring {

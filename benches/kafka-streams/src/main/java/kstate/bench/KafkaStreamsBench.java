@@ -131,7 +131,8 @@ public final class KafkaStreamsBench {
                         + " [--topology count|windowed] [--emit updates|final]\n"
                         + "  serve --bootstrap B --application-id APP --input TOPIC --output TOPIC --state-dir DIR"
                         + " [--session-timeout-ms N] [--heartbeat-interval-ms N]"
-                        + " [--guarantee at-least-once|exactly-once] [--group-instance-id NAME]\n"
+                        + " [--guarantee at-least-once|exactly-once] [--group-instance-id NAME]"
+                        + " [--standby-replicas N]\n"
                         + "  tasks --bootstrap B --partitions N [--stores 3] [--records-per-partition 10]"
                         + " [--threads 2] [--deadline-s 600] [--commit-interval-ms MS]\n"
                         + "every mode: [--client-properties FILE] (librdkafka names; then --bootstrap is optional)");
@@ -662,6 +663,7 @@ public final class KafkaStreamsBench {
      * partitions at once instead of waiting for the old session to expire. Under exactly_once_v2
      * the transactional id is APP-PROCESS_ID-THREAD, and the process id is kept in the state
      * dir, so a restart with the same --state-dir also fences its previous incarnation's producer.
+     * {@code --standby-replicas N} sets num.standby.replicas (default 0).
      */
     private static int serve(Map<String, String> opts) throws Exception {
         String bootstrap = bootstrap(opts);
@@ -682,6 +684,7 @@ public final class KafkaStreamsBench {
         if (instance != null) {
             props.put(StreamsConfig.mainConsumerPrefix(ConsumerConfig.GROUP_INSTANCE_ID_CONFIG), instance);
         }
+        props.put(StreamsConfig.NUM_STANDBY_REPLICAS_CONFIG, (int) number(opts, "standby-replicas", 0));
         KafkaStreams streams = new KafkaStreams(topology, props);
         AtomicReference<Throwable> failure = watch(streams);
         streams.setGlobalStateRestoreListener(new StateRestoreListener() {
