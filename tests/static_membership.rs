@@ -23,8 +23,10 @@
 //! is SIGKILLed; after the session timeout (6 s) every task it ran is restored by the copy the
 //! model predicted, **with nothing to replay** (the standby's position is the changelog's end):
 //! 100 % hits. The killed copy comes back, and the next is killed. Then the producer writes
-//! while a copy is killed and started again, and a `read_committed` reader sees each key's
-//! counts `1, 2, ..., n` exactly: promoted standbys hold exactly the committed state.
+//! while a random copy is killed, stays away past the session timeout and is started again
+//! (`KSTATE_STANDBY_KILLS` times, 1 in CI; `KSTATE_STANDBY_SEED` repeats a run), and a
+//! `read_committed` reader sees each key's counts `1, 2, ..., n` exactly: promoted standbys
+//! hold exactly the committed state.
 //! Without standbys (`KSTATE_STANDBY_REPLICAS=0`) a moved task replays what it missed, and the
 //! test fails on the replay count.
 
@@ -33,11 +35,15 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use common::child::{self, ChildEnv, Copies};
-use common::streams::{check_exact_sequences, last_counts, produce, read_topic, wait_for};
+use common::streams::{
+    check_exact_sequences, env_number, last_counts, produce, read_topic, wait_for,
+};
 use kstate::kstate_core::BoxError;
 use kstate::kstate_task::placement::{RangePlacement, process_of};
 use kstate::kstate_task::{
@@ -45,6 +51,7 @@ use kstate::kstate_task::{
     TaskId,
 };
 use kstate_test_broker::unique_topic;
+use rand::{Rng, SeedableRng};
 
 const PARTITIONS: i32 = 6;
 const KEYS: usize = 40;
@@ -455,22 +462,34 @@ async fn a_killed_copys_tasks_restore_from_the_predicted_standbys_with_nothing_t
     }
     assert_eq!(hits, PARTITIONS as usize, "every task moved once");
 
-    // Promotion under traffic: counts stay exact.
+    // Promotion under traffic: a random copy is killed, stays away past the session timeout
+    // (its tasks go to their standbys) and comes back, `KSTATE_STANDBY_KILLS` times (1).
+    let kills = env_number("KSTATE_STANDBY_KILLS").unwrap_or(1);
+    let seed = env_number("KSTATE_STANDBY_SEED").unwrap_or_else(|| rand::rng().random());
+    eprintln!("{kills} kills under traffic, seed {seed} (KSTATE_STANDBY_SEED to repeat)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let writing = Arc::new(AtomicBool::new(true));
     let writer = {
-        let (servers, inputs) = (servers.clone(), inputs.clone());
+        let (servers, inputs, writing) = (servers.clone(), inputs.clone(), writing.clone());
         let mut more = BTreeMap::new();
         std::thread::spawn(move || -> anyhow::Result<BTreeMap<Vec<u8>, u64>> {
-            for _ in 0..10 {
+            while writing.load(Ordering::Relaxed) {
                 write_round(&servers, &inputs, 2, &mut more)?;
                 std::thread::sleep(Duration::from_millis(500));
             }
             Ok(more)
         })
     };
+    for _ in 0..kills {
+        std::thread::sleep(Duration::from_millis(rng.random_range(1000..3000)));
+        copies.check_alive()?;
+        let victim = rng.random_range(0..copies_n);
+        copies.kill(victim)?;
+        std::thread::sleep(Duration::from_millis(rng.random_range(7000..9000)));
+        copies.spawn(victim)?;
+    }
     std::thread::sleep(Duration::from_secs(2));
-    copies.kill(1)?;
-    std::thread::sleep(Duration::from_secs(9));
-    copies.spawn(1)?;
+    writing.store(false, Ordering::Relaxed);
     let more = writer.join().expect("the writer panicked")?;
     for (key, n) in more {
         *truth.entry(key).or_default() += n;

@@ -627,6 +627,30 @@ mod tests {
     }
 
     #[test]
+    fn standbys_need_static_members_the_range_assignor_and_their_client_ids() {
+        let mut b = builder(&["in"]);
+        b.standby_replicas(1);
+        assert!(refusal(&b).to_string().contains("static membership"));
+        b.instance_id("host-1").static_membership(true);
+        // Left unset, the protocol is the eager range assignor's, even with one input.
+        b.build(nothing).expect("builds");
+        assert_eq!(
+            b.resolved().expect("resolves").group_protocol,
+            GroupProtocol::Eager
+        );
+        b.group_protocol(GroupProtocol::CooperativeSticky);
+        assert!(refusal(&b).to_string().contains("GroupProtocol::Eager"));
+        b.group_protocol(GroupProtocol::Eager);
+        b.consumer_property("client.id", "mine");
+        assert!(refusal(&b).to_string().contains("client.id"));
+        let mut b = builder(&["in"]);
+        b.instance_id("host-1")
+            .static_membership(true)
+            .standby_replicas(2);
+        assert!(refusal(&b).to_string().contains("at most 1"));
+    }
+
+    #[test]
     fn static_membership_needs_an_instance_id_and_the_classic_protocol() {
         let mut b = builder(&["in"]);
         b.static_membership(true);

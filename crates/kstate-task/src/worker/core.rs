@@ -4,7 +4,7 @@
 //! consumer is an [`Input`] and the commit path a [`CommitPath`], so that every transition has a
 //! unit test without a broker (`worker::tests`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,6 +77,11 @@ pub(crate) struct Core {
     failed_records: Vec<FailedRecord>,
     /// Restores in a row per task whose stores disagreed with their changelogs.
     restores: BTreeMap<i32, u32>,
+    /// Tasks restored again ([`restore_again`](Self::restore_again)): their inputs were
+    /// consumed past the committed offsets (the records of the dropped work), so they are
+    /// sought back to them when the task starts, and what came during the restore is dropped
+    /// (it comes again).
+    reseek: BTreeSet<i32>,
     /// After an abort: nothing is processed before this.
     pub(crate) backoff_until: Option<Instant>,
     /// At-least-once: the offsets of the last commit of ending tasks, until the group is seen
@@ -105,6 +110,7 @@ impl Core {
             retries: Retries::default(),
             failed_records: Vec::new(),
             restores: BTreeMap::new(),
+            reseek: BTreeSet::new(),
             backoff_until: None,
             unconfirmed: None,
         }
@@ -433,19 +439,15 @@ impl Core {
             };
             tracing::info!(worker = self.index, task = %id, "restored; running");
             self.slots.run(Box::new(task));
-            for b in restoring.buffered {
-                if !self.health.is_ok() || self.slots.task_mut(p).is_none() {
-                    break;
+            if self.reseek.remove(&p) {
+                for (topic, offset) in &offsets {
+                    let ip = InputPartition::new(topic.clone(), p);
+                    if let Err(e) = input.seek(&ip, *offset, self.timeout()) {
+                        return self.fail(e);
+                    }
                 }
-                let record = Record {
-                    topic: &b.topic,
-                    partition: p,
-                    offset: b.offset,
-                    timestamp: b.timestamp,
-                    key: b.key.as_deref(),
-                    value: b.value.as_deref(),
-                };
-                self.process(input, &record);
+            } else {
+                self.process_buffered(input, p, restoring.buffered);
             }
             if let Some(task) = self.slots.task_mut(p) {
                 task.resumed();
@@ -453,6 +455,24 @@ impl Core {
                     self.fail(e);
                 }
             }
+        }
+    }
+
+    /// Records of task `p`'s inputs that came while it restored, in order.
+    fn process_buffered(&mut self, input: &dyn Input, p: i32, buffered: Vec<Buffered>) {
+        for b in buffered {
+            if !self.health.is_ok() || self.slots.task_mut(p).is_none() {
+                break;
+            }
+            let record = Record {
+                topic: &b.topic,
+                partition: p,
+                offset: b.offset,
+                timestamp: b.timestamp,
+                key: b.key.as_deref(),
+                value: b.value.as_deref(),
+            };
+            self.process(input, &record);
         }
     }
 
@@ -741,7 +761,8 @@ impl Core {
 
     /// Task `p`'s stores disagree with their changelogs (another writer's records, such as a
     /// paused member's aborted ones, after its restore's end): it is dropped without a commit
-    /// and restored again, which replays what is committed since its stored offsets.
+    /// and restored again, which replays what is committed since its stored offsets, and its
+    /// inputs are read again from the committed offsets when it starts.
     fn restore_again(&mut self, input: &dyn Input, partition: i32, error: TaskError) {
         let restores = self.restores.entry(partition).or_insert(0);
         *restores += 1;
@@ -759,6 +780,9 @@ impl Core {
         if let Some(task) = self.slots.take_for_restore(partition) {
             drop(task);
         }
+        // Its records since the last commit were consumed; their work is dropped with the
+        // task (and, under exactly-once, with the aborted transaction): it reads them again.
+        self.reseek.insert(partition);
         if let Err(e) = input.pause(&self.slots.inputs_of(partition)) {
             return self.fail(e);
         }

@@ -722,6 +722,52 @@ fn a_store_that_disagrees_with_its_changelog_restores_its_task_again_a_bounded_n
     );
 }
 
+/// The records a task processed in the transaction that its disagreeing store aborted were
+/// consumed: restored again, the task must read them again from its committed offsets, not go
+/// on from where the consumer is (found by a standby chaos run: a zombie's abort marker landed
+/// after a restore's end, the first write "disagreed", and the records of the aborted
+/// transaction were never counted while their offsets were committed later).
+#[test]
+fn a_task_restored_again_reads_again_from_its_committed_offsets() {
+    for guarantee in [
+        ProcessingGuarantee::ExactlyOnce,
+        ProcessingGuarantee::AtLeastOnce,
+    ] {
+        let mut h = harness(&["a"], guarantee, ErrorPolicy::Fail);
+        h.input.group.borrow_mut().insert(ip("a", 0), 10);
+        h.assign_and_restore(&[ip("a", 0)]);
+        h.core.record(&h.input, &record("a", 0, 10, b"k"));
+        h.core.record(&h.input, &record("a", 0, 11, b"k"));
+        let disagreement = TaskError::Store {
+            task: TaskId { partition: 0 },
+            store: "counts".into(),
+            source: Box::new(kstate_core::Error::Poisoned {
+                store: "counts".into(),
+                reason: kstate_core::PoisonReason::ForeignWrite {
+                    expected_offset: 681,
+                    actual_offset: 682,
+                },
+            }),
+        };
+        h.core
+            .task_failed(&h.input, Some(&record("a", 0, 11, b"k")), disagreement);
+        // Fetched while the task restores: past the records the abort dropped.
+        h.core.record(&h.input, &record("a", 0, 12, b"k"));
+        h.finish_restores();
+        assert!(h.running(0), "{guarantee}");
+        assert_eq!(
+            h.input.seeks.borrow().last(),
+            Some(&(ip("a", 0), 10)),
+            "{guarantee}: the input goes back to the committed offset"
+        );
+        assert!(!h.input.is_paused(&ip("a", 0)), "{guarantee}");
+        // Record 12 was not processed ahead of 10 and 11: they come again, in order.
+        h.core.record(&h.input, &record("a", 0, 10, b"k"));
+        let seen: Vec<i64> = h.seen.lock().unwrap().records.iter().map(|r| r.2).collect();
+        assert_eq!(seen, vec![10, 11, 10], "{guarantee}");
+    }
+}
+
 #[test]
 fn a_revocation_during_a_restore_cancels_it_and_its_late_result_is_ignored() {
     let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
