@@ -345,7 +345,6 @@ fn wanted(
     let members: Vec<&str> = group.members().iter().map(|m| m.client_id()).collect();
     let placement = RangePlacement::new(members, app.partitions);
     let statuses = app.registry.statuses();
-    let mut own = None;
     for worker in 0..config.threads {
         let Some(id) = config.group_instance_id(worker) else {
             return Err("standbys need static membership".into());
@@ -365,9 +364,11 @@ fn wanted(
             );
             return Ok(None);
         }
-        own.get_or_insert_with(|| process_of(&id).to_string());
     }
-    Ok(own.map(|process| placement.standbys_of(&process)))
+    let Some(first) = config.group_instance_id(0) else {
+        return Err("standbys need static membership".into());
+    };
+    Ok(Some(placement.standbys_of(process_of(&first))))
 }
 
 /// The manager thread: looks at the group every [`REFRESH`] or when a worker's assignment

@@ -4,7 +4,7 @@
 //! consumer is an [`Input`] and the commit path a [`CommitPath`], so that every transition has a
 //! unit test without a broker (`worker::tests`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,11 +77,6 @@ pub(crate) struct Core {
     failed_records: Vec<FailedRecord>,
     /// Restores in a row per task whose stores disagreed with their changelogs.
     restores: BTreeMap<i32, u32>,
-    /// Tasks restored again ([`restore_again`](Self::restore_again)): their inputs were
-    /// consumed past the committed offsets (the records of the dropped work), so they are
-    /// sought back to them when the task starts, and what came during the restore is dropped
-    /// (it comes again).
-    reseek: BTreeSet<i32>,
     /// After an abort: nothing is processed before this.
     pub(crate) backoff_until: Option<Instant>,
     /// At-least-once: the offsets of the last commit of ending tasks, until the group is seen
@@ -110,7 +105,6 @@ impl Core {
             retries: Retries::default(),
             failed_records: Vec::new(),
             restores: BTreeMap::new(),
-            reseek: BTreeSet::new(),
             backoff_until: None,
             unconfirmed: None,
         }
@@ -155,7 +149,7 @@ impl Core {
         if !complete.is_empty() {
             tracing::info!(worker = self.index, tasks = ?complete, "assigned; restoring");
         }
-        self.start_restores(&complete);
+        self.start_restores(&complete, false);
     }
 
     /// Whether task `partition` has state in this process to resume from: a position in the
@@ -172,8 +166,9 @@ impl Core {
     }
 
     /// Starts restoring the tasks of `partitions`, as one batch: a restorer asks for the ends
-    /// of all their changelogs at once before it restores the first of them.
-    fn start_restores(&mut self, partitions: &[i32]) {
+    /// of all their changelogs at once before it restores the first of them. `reread`: their
+    /// inputs were consumed past the committed offsets ([`Restoring::reread`](crate::worker::slots::Restoring::reread)).
+    fn start_restores(&mut self, partitions: &[i32], reread: bool) {
         if partitions.is_empty() {
             return;
         }
@@ -229,7 +224,7 @@ impl Core {
                 reply: self.reply.clone(),
             };
             self.slots
-                .begin_restore(partition, self.next_job, cancel, progress);
+                .begin_restore(partition, self.next_job, cancel, progress, reread);
             let sent = self
                 .jobs
                 .as_ref()
@@ -439,7 +434,7 @@ impl Core {
             };
             tracing::info!(worker = self.index, task = %id, "restored; running");
             self.slots.run(Box::new(task));
-            if self.reseek.remove(&p) {
+            if restoring.reread {
                 for (topic, offset) in &offsets {
                     let ip = InputPartition::new(topic.clone(), p);
                     if let Err(e) = input.seek(&ip, *offset, self.timeout()) {
@@ -780,16 +775,15 @@ impl Core {
         if let Some(task) = self.slots.take_for_restore(partition) {
             drop(task);
         }
-        // Its records since the last commit were consumed; their work is dropped with the
-        // task (and, under exactly-once, with the aborted transaction): it reads them again.
-        self.reseek.insert(partition);
         if let Err(e) = input.pause(&self.slots.inputs_of(partition)) {
             return self.fail(e);
         }
         if !self.health.is_ok() {
             return;
         }
-        self.start_restores(&[partition]);
+        // Its records since the last commit were consumed; their work is dropped with the
+        // task (and, under exactly-once, with the aborted transaction): it reads them again.
+        self.start_restores(&[partition], true);
         if rewind {
             self.rewind(input);
         }

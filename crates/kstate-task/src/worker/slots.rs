@@ -40,6 +40,10 @@ pub(crate) struct Restoring {
     pub(crate) cancel: CancelToken,
     /// Records the consumer handed over before the pause took hold.
     pub(crate) buffered: Vec<Buffered>,
+    /// The task is restored again after its work since the last commit was dropped: its inputs
+    /// were consumed past the committed offsets, so they are sought back to them when it
+    /// starts, and `buffered` is dropped (it comes again).
+    pub(crate) reread: bool,
 }
 
 /// One task of the worker.
@@ -199,6 +203,7 @@ impl Slots {
         job: u64,
         cancel: CancelToken,
         progress: Arc<Progress>,
+        reread: bool,
     ) {
         self.app
             .registry
@@ -214,6 +219,7 @@ impl Slots {
                 job,
                 cancel,
                 buffered: Vec::new(),
+                reread,
             }),
         );
     }

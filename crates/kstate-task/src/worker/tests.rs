@@ -690,21 +690,26 @@ fn exactly_once_a_dead_lettered_record_is_undone_first_then_skipped_when_it_come
     );
 }
 
-#[test]
-fn a_store_that_disagrees_with_its_changelog_restores_its_task_again_a_bounded_number_of_times() {
-    let mut h = harness(&["a"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::Fail);
-    h.assign_and_restore(&[ip("a", 0)]);
-    let corrupted = || TaskError::Store {
+/// Task 0's store `counts` found a record of another writer where its own was expected.
+fn foreign_write(expected_offset: i64, actual_offset: i64) -> TaskError {
+    TaskError::Store {
         task: TaskId { partition: 0 },
         store: "counts".into(),
         source: Box::new(kstate_core::Error::Poisoned {
             store: "counts".into(),
             reason: kstate_core::PoisonReason::ForeignWrite {
-                expected_offset: 10,
-                actual_offset: 14,
+                expected_offset,
+                actual_offset,
             },
         }),
-    };
+    }
+}
+
+#[test]
+fn a_store_that_disagrees_with_its_changelog_restores_its_task_again_a_bounded_number_of_times() {
+    let mut h = harness(&["a"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    let corrupted = || foreign_write(10, 14);
     let rec = record("a", 0, 0, b"k");
     for round in 1..=3 {
         h.core.task_failed(&h.input, Some(&rec), corrupted());
@@ -738,19 +743,11 @@ fn a_task_restored_again_reads_again_from_its_committed_offsets() {
         h.assign_and_restore(&[ip("a", 0)]);
         h.core.record(&h.input, &record("a", 0, 10, b"k"));
         h.core.record(&h.input, &record("a", 0, 11, b"k"));
-        let disagreement = TaskError::Store {
-            task: TaskId { partition: 0 },
-            store: "counts".into(),
-            source: Box::new(kstate_core::Error::Poisoned {
-                store: "counts".into(),
-                reason: kstate_core::PoisonReason::ForeignWrite {
-                    expected_offset: 681,
-                    actual_offset: 682,
-                },
-            }),
-        };
-        h.core
-            .task_failed(&h.input, Some(&record("a", 0, 11, b"k")), disagreement);
+        h.core.task_failed(
+            &h.input,
+            Some(&record("a", 0, 11, b"k")),
+            foreign_write(681, 682),
+        );
         // Fetched while the task restores: past the records the abort dropped.
         h.core.record(&h.input, &record("a", 0, 12, b"k"));
         h.finish_restores();
