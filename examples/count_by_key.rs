@@ -35,6 +35,9 @@
 //! `--standby-replicas 1` (with `--instance-id`) makes the copies static group members that
 //! keep warm standbys of the tasks a failure of another copy would bring them, so that a
 //! takeover replays only the last records (the eager range assignor, `AppBuilder::standby_replicas`).
+//! `--failure-detection-ms N` (with `--instance-id`; static members too) makes the copies beacon
+//! to each other and remove a copy silent for N ms from the group without waiting for its
+//! session timeout (`AppBuilder::failure_detection`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -62,11 +65,12 @@ struct Args {
     guarantee: ProcessingGuarantee,
     instance_id: Option<String>,
     standby_replicas: u32,
+    failure_detection: Option<Duration>,
 }
 
 const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC [--input TOPIC]... --output TOPIC \
     [--bootstrap-servers HOST:PORT] [--client-properties FILE] [--state-dir PATH] [--threads N] [--restore-threads N] [--commit-interval-ms N] \
-    [--guarantee at-least-once|exactly-once] [--instance-id NAME] [--standby-replicas N] [--coalesce] \
+    [--guarantee at-least-once|exactly-once] [--instance-id NAME] [--standby-replicas N] [--failure-detection-ms N] [--coalesce] \
     [--consumer-property KEY=VALUE]...";
 
 fn parse_args() -> Result<Args> {
@@ -82,6 +86,7 @@ fn parse_args() -> Result<Args> {
     let mut guarantee = ProcessingGuarantee::default();
     let mut instance_id = None;
     let mut standby_replicas = 0;
+    let mut failure_detection = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--coalesce" {
@@ -117,6 +122,11 @@ fn parse_args() -> Result<Args> {
             "--standby-replicas" => {
                 standby_replicas = value.parse().context("--standby-replicas")?
             }
+            "--failure-detection-ms" => {
+                failure_detection = Some(Duration::from_millis(
+                    value.parse().context("--failure-detection-ms")?,
+                ))
+            }
             _ => bail!("unknown flag {flag}; {USAGE}"),
         }
     }
@@ -146,6 +156,7 @@ fn parse_args() -> Result<Args> {
         guarantee,
         instance_id,
         standby_replicas,
+        failure_detection,
     })
 }
 
@@ -202,6 +213,9 @@ async fn run(args: Args) -> Result<()> {
         builder
             .static_membership(true)
             .standby_replicas(args.standby_replicas);
+    }
+    if let Some(timeout) = args.failure_detection {
+        builder.static_membership(true).failure_detection(timeout);
     }
     if let Some(n) = args.restore_threads {
         builder.restore_threads(n);

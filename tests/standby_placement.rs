@@ -14,6 +14,11 @@
 //! Then one real failure: the 3-process group loses a process without a LeaveGroup (static
 //! members send none on close), and after the session timeout the survivors settle on the
 //! assignment the model predicted.
+//!
+//! And the failure detector's way around that wait: with a session timeout of 120 s, a
+//! vanished process's members are removed by another client (`remove_group_members`, the
+//! `LeaveGroup` of Kafka's admin member removal), and the survivors settle on the predicted
+//! assignment at once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -23,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use kstate::kstate_kafka::{MemberRemoved, MemberToRemove, remove_group_members};
 use kstate::kstate_task::TaskId;
 use kstate::kstate_task::placement::{RangePlacement, process_of};
 use kstate_test_broker::unique_topic;
@@ -38,14 +44,14 @@ struct Member {
     consumer: BaseConsumer,
 }
 
-fn join(group: &str, id: &str, topics: &[&str]) -> anyhow::Result<Member> {
+fn join(group: &str, id: &str, topics: &[&str], session_ms: u64) -> anyhow::Result<Member> {
     let consumer: BaseConsumer = common::client()?
         .client_config()
         .set("group.id", group)
         .set("group.instance.id", id)
         .set("client.id", id)
         .set("partition.assignment.strategy", "range")
-        .set("session.timeout.ms", SESSION_TIMEOUT_MS.to_string())
+        .set("session.timeout.ms", session_ms.to_string())
         .set("heartbeat.interval.ms", "500")
         .set("enable.auto.commit", "false")
         .create()
@@ -137,9 +143,19 @@ fn member_ids(app: &str, processes: &[String]) -> Vec<String> {
         .collect()
 }
 
-fn start_group(app: &str, ids: &[String], topics: &[&str]) -> anyhow::Result<Vec<Member>> {
-    let group = unique_topic(&format!("{app}-group"));
-    ids.iter().map(|id| join(&group, id, topics)).collect()
+fn start_group(
+    group: &str,
+    ids: &[String],
+    topics: &[&str],
+    session_ms: u64,
+) -> anyhow::Result<Vec<Member>> {
+    ids.iter()
+        .map(|id| join(group, id, topics, session_ms))
+        .collect()
+}
+
+fn new_group(app: &str) -> String {
+    unique_topic(&format!("{app}-group"))
 }
 
 fn process_owner(placement: &RangePlacement, task: i32) -> &str {
@@ -162,7 +178,7 @@ async fn librdkafkas_range_assignment_is_the_predicted_one_after_every_single_fa
         let app = format!("place{count}");
         let ids = member_ids(&app, &processes);
         let placement = RangePlacement::new(ids.clone(), PARTITIONS);
-        let members = start_group(&app, &ids, &topics)?;
+        let members = start_group(&new_group(&app), &ids, &topics, SESSION_TIMEOUT_MS)?;
         let actual = settle(&members, &topics)?;
         assert_eq!(
             actual,
@@ -175,7 +191,7 @@ async fn librdkafkas_range_assignment_is_the_predicted_one_after_every_single_fa
             let failed_process = format!("{app}-{failed}");
             let after = placement.without(|m| process_of(m) == failed_process);
             let survivors: Vec<String> = after.members().to_vec();
-            let members = start_group(&app, &survivors, &topics)?;
+            let members = start_group(&new_group(&app), &survivors, &topics, SESSION_TIMEOUT_MS)?;
             let actual = settle(&members, &topics)?;
             assert_eq!(
                 actual,
@@ -205,7 +221,7 @@ async fn librdkafkas_range_assignment_is_the_predicted_one_after_every_single_fa
     let app = "placereal";
     let ids = member_ids(app, &processes);
     let placement = RangePlacement::new(ids.clone(), PARTITIONS);
-    let mut members = start_group(app, &ids, &topics)?;
+    let mut members = start_group(&new_group(app), &ids, &topics, SESSION_TIMEOUT_MS)?;
     assert_eq!(settle(&members, &topics)?, predicted(&placement, &topics));
     let failed = format!("{app}-p2");
     let started = Instant::now();
@@ -221,6 +237,85 @@ async fn librdkafkas_range_assignment_is_the_predicted_one_after_every_single_fa
     eprintln!(
         "real failure: settled on the predicted assignment {:.1} s after the process vanished",
         started.elapsed().as_secs_f64()
+    );
+    for t in [&a, &b] {
+        common::delete_topic(t).await?;
+    }
+    Ok(())
+}
+
+/// `kstate_kafka::remove_group_members` (the failure detector's removal of a silent process's
+/// members) on a real group: with a session timeout of 120 s, a process's static members vanish
+/// without leaving; removing them by member id and instance id makes the survivors settle on
+/// the predicted assignment long before the session timeout could have. A member named with a
+/// member id that is not its own is left alone (fenced), and a second removal finds nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_a_vanished_processs_members_moves_its_tasks_without_waiting_for_the_session()
+-> anyhow::Result<()> {
+    const LONG_SESSION_MS: u64 = 120_000;
+    let a = unique_topic("removal-a");
+    let b = unique_topic("removal-b");
+    for t in [&a, &b] {
+        common::create_topic(common::client()?, t, PARTITIONS, "delete").await?;
+    }
+    let topics = [a.as_str(), b.as_str()];
+    let processes: Vec<String> = ["p1", "p2", "p3"].map(String::from).to_vec();
+    let app = "removal";
+    let group = new_group(app);
+    let ids = member_ids(app, &processes);
+    let placement = RangePlacement::new(ids.clone(), PARTITIONS);
+    let mut members = start_group(&group, &ids, &topics, LONG_SESSION_MS)?;
+    assert_eq!(settle(&members, &topics)?, predicted(&placement, &topics));
+    let failed = format!("{app}-p2");
+    let described = members[0]
+        .consumer
+        .fetch_group_list(Some(&group), Duration::from_secs(10))?;
+    let vanished: Vec<MemberToRemove> = described
+        .groups()
+        .iter()
+        .flat_map(|g| g.members())
+        .filter(|m| process_of(m.client_id()) == failed)
+        .map(|m| MemberToRemove {
+            member_id: m.id().to_string(),
+            group_instance_id: Some(m.client_id().to_string()),
+        })
+        .collect();
+    assert_eq!(vanished.len(), WORKERS, "{vanished:?}");
+    // Static members send no LeaveGroup on close.
+    members.retain(|m| process_of(&m.id) != failed);
+    let client = common::client()?;
+    let timeout = Duration::from_secs(10);
+
+    let impostor = MemberToRemove {
+        member_id: "not-its-member-id".into(),
+        group_instance_id: vanished[0].group_instance_id.clone(),
+    };
+    let outcomes = remove_group_members(&client, &group, &[impostor], timeout)?;
+    assert_eq!(
+        outcomes.iter().map(|(_, o)| *o).collect::<Vec<_>>(),
+        vec![MemberRemoved::Fenced],
+        "a member named with another member id is left alone"
+    );
+
+    let removed_at = Instant::now();
+    let outcomes = remove_group_members(&client, &group, &vanished, timeout)?;
+    assert!(
+        outcomes.iter().all(|(_, o)| *o == MemberRemoved::Removed),
+        "{outcomes:?}"
+    );
+    let after = placement.without(|m| process_of(m) == failed);
+    // `settle` gives up after 60 s, half the session timeout: the move is the removal's.
+    assert_eq!(settle(&members, &topics)?, predicted(&after, &topics));
+    eprintln!(
+        "removed: the survivors settled on the predicted assignment {:.1} s after the removal \
+         (session timeout {} s)",
+        removed_at.elapsed().as_secs_f64(),
+        LONG_SESSION_MS / 1000
+    );
+    let again = remove_group_members(&client, &group, &vanished, timeout)?;
+    assert!(
+        again.iter().all(|(_, o)| *o == MemberRemoved::Unknown),
+        "{again:?}"
     );
     for t in [&a, &b] {
         common::delete_topic(t).await?;

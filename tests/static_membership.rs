@@ -29,6 +29,13 @@
 //! hold exactly the committed state.
 //! Without standbys (`KSTATE_STANDBY_REPLICAS=0`) a moved task replays what it missed, and the
 //! test fails on the replay count.
+//!
+//! **Failure detection** (`AppBuilder::failure_detection`, 1 s): the same test with a session
+//! timeout of 60 s. Each killed copy's tasks restore on the predicted standbys within 30 s,
+//! which only the survivors' removal of its members (they log it) can have done; then, after
+//! the kills under traffic, a copy is SIGSTOPped under traffic until another copy removes it,
+//! and resumed (`KSTATE_STANDBY_PAUSES` times, 1 in CI): it is fenced, rejoins, and the counts
+//! stay exact.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -101,8 +108,11 @@ async fn child_counter() -> anyhow::Result<()> {
         .instance_id(format!("copy-{slot}"))
         .static_membership(env.parse("STATIC")?)
         .standby_replicas(env.parse("STANDBYS")?)
-        .consumer_property("session.timeout.ms", env.var("SESSION_TIMEOUT_MS")?)
-        .consumer_property("heartbeat.interval.ms", "1000");
+        .consumer_property("session.timeout.ms", env.var("SESSION_TIMEOUT_MS")?);
+    match env.parse::<u64>("FAILURE_DETECTION_MS")? {
+        0 => builder.consumer_property("heartbeat.interval.ms", "1000"),
+        ms => builder.failure_detection(Duration::from_millis(ms)),
+    };
     let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
     let output = env.var("OUTPUT")?;
     let app = builder.build(move |_| {
@@ -218,6 +228,7 @@ async fn a_restarted_static_member_gets_its_tasks_back_without_a_rebalance() -> 
         ("STATIC", stat),
         ("STANDBYS", "0".into()),
         ("SESSION_TIMEOUT_MS", "30000".into()),
+        ("FAILURE_DETECTION_MS", "0".into()),
     ];
     let mut copies = Copies::new(name, "child_counter", &env, 2)?;
     copies.spawn(0)?;
@@ -338,6 +349,18 @@ fn followed(log: &str) -> BTreeSet<i32> {
     now
 }
 
+/// Whether a copy other than `victim` logged, after its mark in `marks`, that it removed a
+/// silent process's members (with `removed` above zero: the first to ask removes them).
+fn removed_by_a_survivor(copies: &Copies, victim: usize, marks: &[usize]) -> bool {
+    (0..marks.len()).filter(|&s| s != victim).any(|s| {
+        log_since(copies, s, marks[s]).is_ok_and(|log| {
+            log.lines().any(|l| {
+                l.contains("process silent: removed its members") && !l.contains("removed=0")
+            })
+        })
+    })
+}
+
 /// (partition, records) of each "restore done" line of `log` that is not a standby's.
 fn active_restores_done(log: &str) -> Vec<(i32, u64)> {
     let field = |line: &str, name: &str| -> Option<String> {
@@ -362,8 +385,24 @@ fn active_restores_done(log: &str) -> Vec<(i32, u64)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_copys_tasks_restore_from_the_predicted_standbys_with_nothing_to_replay()
 -> anyhow::Result<()> {
-    let name = "standby-failover";
+    standby_failover("standby-failover", None).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_copy_is_removed_from_the_group_before_its_session_expires() -> anyhow::Result<()>
+{
+    standby_failover("silent-copy", Some(Duration::from_secs(1))).await
+}
+
+/// The standby failover test, with the session timeout of 6 s, or with failure detection by
+/// liveness beacons after `detection` and a session timeout of 60 s (a task that moves within
+/// 30 s of a kill was moved by the detector), then also copies paused past `detection`.
+async fn standby_failover(name: &str, detection: Option<Duration>) -> anyhow::Result<()> {
     let copies_n = 3;
+    let (session, move_deadline) = match detection {
+        Some(_) => (Duration::from_secs(60), Duration::from_secs(30)),
+        None => (Duration::from_secs(6), Duration::from_secs(60)),
+    };
     let servers = kstate_test_broker::bootstrap_servers()?;
     let inputs = vec![unique_topic("standby-a"), unique_topic("standby-b")];
     let output = unique_topic("standby-out");
@@ -381,7 +420,11 @@ async fn a_killed_copys_tasks_restore_from_the_predicted_standbys_with_nothing_t
         ("OUTPUT", output.clone()),
         ("STATIC", "true".into()),
         ("STANDBYS", standbys.to_string()),
-        ("SESSION_TIMEOUT_MS", "6000".into()),
+        ("SESSION_TIMEOUT_MS", session.as_millis().to_string()),
+        (
+            "FAILURE_DETECTION_MS",
+            detection.map_or(0, |d| d.as_millis()).to_string(),
+        ),
     ];
     let member = |slot: usize| format!("{app_id}-copy-{slot}-0");
     let process = |slot: usize| process_of(&member(slot)).to_string();
@@ -431,7 +474,7 @@ async fn a_killed_copys_tasks_restore_from_the_predicted_standbys_with_nothing_t
         for &(task, slot) in &moved {
             wait_for(
                 &format!("task {task} to restore on copy {slot}"),
-                Duration::from_secs(60),
+                move_deadline,
                 || {
                     copies.check_alive()?;
                     let log = log_since(&copies, slot, marks[slot])?;
@@ -454,10 +497,19 @@ async fn a_killed_copys_tasks_restore_from_the_predicted_standbys_with_nothing_t
         }
         eprintln!(
             "copy {victim} killed: its {} tasks restored on the predicted copies with nothing to \
-             replay, {:.1} s after the kill (session timeout 6 s)",
+             replay, {:.1} s after the kill (session timeout {session:?}, failure detection \
+             {detection:?})",
             moved.len(),
             killed.elapsed().as_secs_f64()
         );
+        if detection.is_some() {
+            // Whichever survivor asks first removes the members; the other finds them gone.
+            anyhow::ensure!(
+                removed_by_a_survivor(&copies, victim, &marks),
+                "no copy removed killed copy {victim}'s members\n{}",
+                copies.logs()
+            );
+        }
         copies.spawn(victim)?;
     }
     assert_eq!(hits, PARTITIONS as usize, "every task moved once");
@@ -487,6 +539,30 @@ async fn a_killed_copys_tasks_restore_from_the_predicted_standbys_with_nothing_t
         copies.kill(victim)?;
         std::thread::sleep(Duration::from_millis(rng.random_range(7000..9000)));
         copies.spawn(victim)?;
+    }
+    // A copy paused past the detection timeout is removed like a dead one; when it resumes it
+    // is fenced (its transaction and offsets carry the old generation) and rejoins.
+    let pauses = detection.map_or(0, |_| env_number("KSTATE_STANDBY_PAUSES").unwrap_or(1));
+    for _ in 0..pauses {
+        std::thread::sleep(Duration::from_millis(rng.random_range(3000..5000)));
+        copies.check_alive()?;
+        let victim = rng.random_range(0..copies_n);
+        let marks: Vec<usize> = (0..copies_n)
+            .map(|s| log_len(&copies, s))
+            .collect::<anyhow::Result<_>>()?;
+        copies.pause(victim)?;
+        let paused = Instant::now();
+        wait_for(
+            &format!("paused copy {victim}'s members to be removed"),
+            session / 2,
+            || Ok(removed_by_a_survivor(&copies, victim, &marks)),
+        )?;
+        eprintln!(
+            "paused copy {victim} removed from the group {:.1} s after its pause",
+            paused.elapsed().as_secs_f64()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        copies.resume(victim)?;
     }
     std::thread::sleep(Duration::from_secs(2));
     writing.store(false, Ordering::Relaxed);

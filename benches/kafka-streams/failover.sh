@@ -47,6 +47,12 @@
 #   assignor, standbys where a failure sends each task); the last line is then
 #     failover-standby kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
 #
+# FAILOVER_DETECTION_MS=N (takeover mode, with FAILOVER_STANDBYS=1): kstate's copies also run
+#   `--failure-detection-ms N` (liveness beacons; a copy silent for N ms is removed from the
+#   group by the other, without waiting for its session timeout). Kafka Streams has no
+#   counterpart and keeps waiting for the session timeout. The last line then ends with
+#   `kstate_failure_detection_ms=N`.
+#
 # Before the last line, per system, where the time went (from the survivor's, or the restarted
 # copy's, restore lines after the kill):
 #   failover-detail system=<s> seconds=<s> until_first_restore_s=<s> restore_s=<s> restored=<n> state_bytes=<b>
@@ -80,6 +86,7 @@ SESSION_TIMEOUT_MS=${SESSION_TIMEOUT_MS:-6000}
 HEARTBEAT_MS=${HEARTBEAT_MS:-500}
 MODE=${FAILOVER_MODE:-takeover}
 STANDBYS=${FAILOVER_STANDBYS:-0}
+DETECTION_MS=${FAILOVER_DETECTION_MS:-0}
 case $MODE in
 takeover) APP=kstate-failover-$(date +%s)-$$ ;;
 restart) APP=kstate-recovery-$(date +%s)-$$ ;;
@@ -87,6 +94,8 @@ restart) APP=kstate-recovery-$(date +%s)-$$ ;;
 esac
 [[ $STANDBYS =~ ^[01]$ ]] || die "FAILOVER_STANDBYS must be 0 or 1 (got '$STANDBYS')"
 [[ $STANDBYS == 0 || $MODE == takeover ]] || die "FAILOVER_STANDBYS=1 is for FAILOVER_MODE=takeover"
+[[ $DETECTION_MS =~ ^[0-9]+$ ]] || die "FAILOVER_DETECTION_MS must be a number of milliseconds (got '$DETECTION_MS')"
+[[ $DETECTION_MS == 0 || $STANDBYS == 1 ]] || die "FAILOVER_DETECTION_MS is for FAILOVER_STANDBYS=1"
 read -r -a JAVA_OPTS <<<"${KS_JAVA_OPTS:-}"
 
 [[ $ROWS =~ ^[1-9][0-9]*$ ]] || die "FAILOVER_ROWS must be a positive whole number (got '$ROWS')"
@@ -155,6 +164,9 @@ start() {
         fi
         if ((STANDBYS > 0)); then
             extra+=(--instance-id "copy-$copy" --standby-replicas "$STANDBYS")
+        fi
+        if ((DETECTION_MS > 0)); then
+            extra+=(--failure-detection-ms "$DETECTION_MS")
         fi
         KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$COUNT_BIN" --application-id "$app" --input "$INPUT" \
             --output "$app-out" --state-dir "$state" --commit-interval-ms 100 \
@@ -278,11 +290,14 @@ if [[ ${KEEP_TOPICS:-0} == 0 ]]; then
     # Through e2e, with the same client properties as every other client.
     topics=$INPUT,$APP-kafka-streams-out,$APP-kstate-out
     topics+=,$APP-kafka-streams-counts-changelog,$APP-kstate-counts-changelog
+    ((DETECTION_MS == 0)) || topics+=,$APP-kstate-liveness
     e2e delete-topics --topics "$topics" >/dev/null 2>&1 || log "could not delete $topics"
 fi
 
 RESULT=failover
 ((STANDBYS == 0)) || RESULT=failover-standby
 [[ $MODE == takeover ]] || RESULT=recovery-eos
+DETECTION_FIELD=
+((DETECTION_MS == 0)) || DETECTION_FIELD=" kstate_failure_detection_ms=$DETECTION_MS"
 echo "$RESULT kafka-streams=${SECONDS_kafka_streams}s kstate=${SECONDS_kstate}s" \
-    "ratio=$(awk -v a="$SECONDS_kafka_streams" -v b="$SECONDS_kstate" 'BEGIN { printf "%.2f", a / b }')"
+    "ratio=$(awk -v a="$SECONDS_kafka_streams" -v b="$SECONDS_kstate" 'BEGIN { printf "%.2f", a / b }')$DETECTION_FIELD"

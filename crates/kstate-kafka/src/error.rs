@@ -340,3 +340,77 @@ pub enum ClientPropertiesError {
         problem: &'static str,
     },
 }
+
+/// Why members could not be removed from a consumer group
+/// ([`remove_group_members`](crate::remove_group_members)).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemberRemovalError {
+    /// The cluster is reached through a security protocol this client does not speak.
+    #[error(
+        "cannot remove members of group {group}: security.protocol {protocol} is not supported (PLAINTEXT only)"
+    )]
+    Unsupported {
+        /// The group.
+        group: String,
+        /// The configured `security.protocol`.
+        protocol: String,
+    },
+    /// `bootstrap.servers` names no broker.
+    #[error(
+        "cannot remove members of group {group}: no broker in bootstrap.servers {bootstrap_servers:?}"
+    )]
+    NoBroker {
+        /// The group.
+        group: String,
+        /// The configured brokers.
+        bootstrap_servers: String,
+    },
+    /// A broker could not be reached, or the connection failed.
+    #[error("cannot remove members of group {group}: broker {broker}: {source}")]
+    Io {
+        /// The group.
+        group: String,
+        /// The broker, `host:port`.
+        broker: String,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A broker answered with an error code.
+    #[error(
+        "cannot remove members of group {group}: broker {broker} answered {request} with error code {code}"
+    )]
+    Broker {
+        /// The group.
+        group: String,
+        /// The broker, `host:port`.
+        broker: String,
+        /// `FindCoordinator` or `LeaveGroup`.
+        request: &'static str,
+        /// Kafka's error code.
+        code: i16,
+    },
+    /// A broker's answer could not be read.
+    #[error(
+        "cannot remove members of group {group}: broker {broker}'s answer to {request}: {problem}"
+    )]
+    Malformed {
+        /// The group.
+        group: String,
+        /// The broker, `host:port`.
+        broker: String,
+        /// `FindCoordinator` or `LeaveGroup`.
+        request: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The time given ran out before any answer.
+    #[error("cannot remove members of group {group}: no answer within {timeout:?}")]
+    Timeout {
+        /// The group.
+        group: String,
+        /// The time given.
+        timeout: std::time::Duration,
+    },
+}

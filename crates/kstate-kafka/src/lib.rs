@@ -31,6 +31,7 @@ mod durability;
 mod error;
 mod key_prefix;
 mod logged_store;
+mod member_removal;
 mod overlay;
 mod position;
 mod producer;
@@ -45,8 +46,9 @@ pub use config::{
 };
 pub use connection::{ConnectionWatch, MetadataError, SecurityFailure, fetch_metadata};
 pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
-pub use error::{ChangelogError, ClientPropertiesError, TransactionError};
+pub use error::{ChangelogError, ClientPropertiesError, MemberRemovalError, TransactionError};
 pub use logged_store::LoggedStore;
+pub use member_removal::{MemberRemoved, MemberToRemove, remove_group_members};
 pub use position::{ChangelogPosition, FORMAT_VERSION};
 pub use producer::{SharedProducer, TIME_HEADER};
 pub use restore::{
@@ -54,3 +56,4 @@ pub use restore::{
     RestoreClients, RestoreCluster, RestoreListener, RestoreReport, RestoreStart, RestoredStore,
     StoreLocation, follow_changelog, move_task_directory,
 };
+pub use topic::create_topic_if_missing;

@@ -314,3 +314,33 @@ fn verify_topic(
         },
     })
 }
+
+/// Creates topic `name` with `partitions`, `replication` and `settings` unless it exists (the
+/// task runtime's own small topics, such as its liveness beacons'; not a changelog, which
+/// [`ensure_topic`] checks).
+pub fn create_topic_if_missing(
+    client: &crate::ClientProperties,
+    name: &str,
+    partitions: i32,
+    replication: i32,
+    settings: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    let admin: AdminClient<DefaultClientContext> = client
+        .client_config()
+        .create()
+        .map_err(|e| client.redact_error(e))?;
+    let topic = settings.iter().fold(
+        NewTopic::new(name, partitions, TopicReplication::Fixed(replication)),
+        |topic, (key, value)| topic.set(key, value),
+    );
+    let options = AdminOptions::new().operation_timeout(Some(timeout));
+    for result in block_on(admin.create_topics([&topic], &options))? {
+        match result {
+            Ok(name) => tracing::info!(topic = %name, "created topic"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => return Err(KafkaError::AdminOp(code)),
+        }
+    }
+    Ok(())
+}

@@ -69,6 +69,16 @@ impl App {
                 .map_err(|e| thread_error(name, e))?;
             handles.push(restorer);
         }
+        if let Some(timeout) = shared.config.failure_detection {
+            // Before the workers join: a restarted process beacons before its members can be
+            // taken for a silent one's.
+            let app = shared.clone();
+            let liveness = std::thread::Builder::new()
+                .name("kstate-liveness".into())
+                .spawn(move || crate::liveness::run(app, timeout))
+                .map_err(|e| thread_error("kstate-liveness".into(), e))?;
+            handles.push(liveness);
+        }
         for index in 0..shared.config.threads {
             let app = shared.clone();
             let jobs = jobs.clone();

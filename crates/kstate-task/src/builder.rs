@@ -78,6 +78,7 @@ impl AppBuilder {
                 instance_id: random_instance_id(),
                 static_membership: false,
                 standby_replicas: 0,
+                failure_detection: None,
                 transaction_timeout: Duration::from_secs(10),
                 error_policy: ErrorPolicy::default(),
             },
@@ -137,6 +138,29 @@ impl AppBuilder {
     /// warm) is refused. [`Running::standbys`](crate::Running::standbys) shows them.
     pub fn standby_replicas(&mut self, n: u32) -> &mut Self {
         self.config.standby_replicas = n;
+        self
+    }
+
+    /// Failure detection that does not wait for the session timeout: each process writes a
+    /// liveness beacon to the topic `<app-id>-liveness` every quarter of `timeout` and reads
+    /// everyone's; when a process that was beaconing stays silent for `timeout`, the others
+    /// remove its workers from the group themselves (the `LeaveGroup` request of Kafka's admin
+    /// `removeMembersFromConsumerGroup`), and the group rebalances at once instead of after
+    /// `session.timeout.ms` (6 s at the least). Each worker heartbeats every `timeout / 2`
+    /// (at most 1 s; `heartbeat.interval.ms` overrides it), so the survivors join that
+    /// rebalance quickly.
+    ///
+    /// A process only judges others while its own beacons come back to it in time: a process
+    /// that is starved itself removes nobody. A process that was merely paused for longer than
+    /// `timeout` is removed like a dead one and fenced: its transactions and offset commits are
+    /// refused (the group's generation moved on), and it rejoins when it resumes.
+    ///
+    /// Needs [`static_membership`](Self::static_membership) (a member is named by its
+    /// `group.instance.id`, so the removal cannot hit a restarted process's new member) and a
+    /// `PLAINTEXT` listener (librdkafka has no member removal call, and kstate's own speaks
+    /// plain TCP). Off by default.
+    pub fn failure_detection(&mut self, timeout: Duration) -> &mut Self {
+        self.config.failure_detection = Some(timeout);
         self
     }
 
@@ -452,6 +476,29 @@ impl AppBuilder {
                 );
             }
         }
+        if let Some(timeout) = c.failure_detection {
+            if !c.static_membership {
+                return invalid(
+                    "failure detection needs static membership: members are removed by their group.instance.id".into(),
+                );
+            }
+            if timeout < Duration::from_millis(100) {
+                return invalid(format!(
+                    "the failure detection timeout ({timeout:?}) must be at least 100 ms"
+                ));
+            }
+            let protocol = c.client.get("security.protocol").unwrap_or("plaintext");
+            if !protocol.eq_ignore_ascii_case("plaintext") {
+                return invalid(format!(
+                    "failure detection removes members with a request of its own over plain TCP: security.protocol {protocol} is not supported"
+                ));
+            }
+            if c.consumer_properties.contains_key("client.id") {
+                return invalid(
+                    "failure detection needs each worker's client.id to be its group.instance.id (how the other processes find a dead process's members): do not set client.id".into(),
+                );
+            }
+        }
         if let ErrorPolicy::DeadLetter(topic) = &c.error_policy
             && let Some(problem) = name_problem(topic)
         {
@@ -648,6 +695,29 @@ mod tests {
             .static_membership(true)
             .standby_replicas(2);
         assert!(refusal(&b).to_string().contains("at most 1"));
+    }
+
+    #[test]
+    fn failure_detection_needs_static_members_plain_tcp_and_their_client_ids() {
+        let mut b = builder(&["in"]);
+        b.failure_detection(Duration::from_secs(1));
+        assert!(refusal(&b).to_string().contains("static membership"));
+        b.instance_id("host-1").static_membership(true);
+        b.build(nothing).expect("builds");
+        b.failure_detection(Duration::from_millis(10));
+        assert!(refusal(&b).to_string().contains("at least 100 ms"));
+        b.failure_detection(Duration::from_secs(1))
+            .consumer_property("client.id", "mine");
+        assert!(refusal(&b).to_string().contains("client.id"));
+        let mut b = App::builder(
+            "app",
+            ClientProperties::new("127.0.0.1:1").set("security.protocol", "SSL"),
+        );
+        b.input("in")
+            .instance_id("host-1")
+            .static_membership(true)
+            .failure_detection(Duration::from_secs(1));
+        assert!(refusal(&b).to_string().contains("security.protocol SSL"));
     }
 
     #[test]

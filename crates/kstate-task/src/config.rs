@@ -214,6 +214,9 @@ pub(crate) struct AppConfig {
     pub(crate) static_membership: bool,
     /// Standby replicas ([`crate::AppBuilder::standby_replicas`]): 0 or 1.
     pub(crate) standby_replicas: u32,
+    /// Failure detection by liveness beacons ([`crate::AppBuilder::failure_detection`]): how
+    /// long a process may stay silent before the others remove its members from the group.
+    pub(crate) failure_detection: Option<Duration>,
     pub(crate) transaction_timeout: Duration,
     pub(crate) error_policy: ErrorPolicy,
 }

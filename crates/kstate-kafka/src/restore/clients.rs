@@ -44,6 +44,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use super::RESTORE_FETCH_SETTINGS;
 #[cfg(doc)]
 use super::RestoredStore;
+use super::consumer::{EndIsNews, RestoreConsumer};
 use super::end::{Watermarks, capture_ends};
 use crate::client_properties::ClientProperties;
 use crate::config::ChangelogConfig;
@@ -57,7 +58,7 @@ use crate::topic::{CheckedTopic, TopicFacts, create_topics, ensure_topic, kafka}
 pub struct RestoreClients {
     cluster: Arc<RestoreCluster>,
     /// `read_committed`: replays.
-    pub(crate) consumer: BaseConsumer,
+    pub(crate) consumer: RestoreConsumer,
 }
 
 /// The part of [`RestoreClients`] that concurrent restores share: a metadata client, an admin
@@ -194,7 +195,7 @@ impl RestoreClients {
             // If the log start moves past the position while restoring, fail instead of
             // skipping records silently; the next open then sees the truncation and rebuilds.
             .set("auto.offset.reset", "error")
-            .create()
+            .create_with_context(EndIsNews)
             .map_err(|source| {
                 kafka(
                     config,
@@ -338,7 +339,7 @@ impl RestoreClients {
 }
 
 /// Unassigns the replaying consumer when the restore that assigned it ends.
-pub(crate) struct Unassign<'a>(pub(crate) &'a BaseConsumer);
+pub(crate) struct Unassign<'a>(pub(crate) &'a RestoreConsumer);
 
 impl Drop for Unassign<'_> {
     fn drop(&mut self) {

@@ -19,6 +19,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::config::ChangelogConfig;
 use crate::connection::ConnectionWatch;
 use crate::error::ChangelogError;
+use crate::restore::consumer::RestoreConsumer;
 
 /// The partition's offsets at the start of a restore.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +43,7 @@ impl Watermarks {
 pub(crate) fn capture_end(
     config: &ChangelogConfig,
     uncommitted: &BaseConsumer<ConnectionWatch>,
-    committed: &BaseConsumer,
+    committed: &RestoreConsumer,
 ) -> Result<Watermarks, ChangelogError> {
     let (topic, partition) = (config.topic.as_str(), config.partition);
     let unreachable = |source| ChangelogError::BrokerUnreachable {
@@ -112,7 +113,7 @@ pub(crate) fn capture_end(
 pub(crate) fn capture_ends(
     changelogs: &[(&str, i32)],
     uncommitted: &BaseConsumer<ConnectionWatch>,
-    committed: &BaseConsumer,
+    committed: &RestoreConsumer,
     timeout: Duration,
 ) -> KafkaResult<Vec<((String, i32), Watermarks)>> {
     let low = offsets(uncommitted, changelogs, Offset::Beginning, timeout)?;

@@ -20,6 +20,7 @@
 
 mod adopt;
 mod clients;
+mod consumer;
 mod end;
 mod location;
 mod replay;

@@ -23,7 +23,7 @@ use kstate_core::{BoxError, ChangelogReplay, KeyValueStore, MutationSink};
 use kstate_rocksdb::RocksDbStore;
 use rdkafka::Offset;
 use rdkafka::TopicPartitionList;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 
@@ -31,6 +31,7 @@ use crate::config::ChangelogConfig;
 use crate::error::ChangelogError;
 use crate::key_prefix::key_prefix;
 use crate::position::ChangelogPosition;
+use crate::restore::consumer::RestoreConsumer;
 use crate::restore::{BatchRestored, CancelToken, RecordCheck, RestoreListener};
 
 /// One replay's inputs.
@@ -38,7 +39,7 @@ pub(crate) struct Replay<'a> {
     pub(crate) path: &'a Path,
     pub(crate) store: &'a RocksDbStore,
     /// The restore's `read_committed` consumer.
-    pub(crate) consumer: &'a BaseConsumer,
+    pub(crate) consumer: &'a RestoreConsumer,
     pub(crate) config: &'a ChangelogConfig,
     pub(crate) start_offset: i64,
     /// The `written_at` of every position the replay stores.
@@ -389,7 +390,7 @@ impl ChunkWriter<'_> {
 }
 
 /// The consumer's next offset in the partition, once it has one.
-fn consumer_position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+fn consumer_position(consumer: &RestoreConsumer, topic: &str, partition: i32) -> Option<i64> {
     let positions = consumer.position().ok()?;
     match positions.find_partition(topic, partition)?.offset() {
         Offset::Offset(o) => Some(o),

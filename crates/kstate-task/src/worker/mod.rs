@@ -291,6 +291,12 @@ fn consumer_config(config: &AppConfig) -> ClientConfig {
                 .set("group.remote.assignor", "range");
         }
     }
+    if let Some(timeout) = config.failure_detection {
+        // After another process removes a dead one's members, a survivor joins the rebalance
+        // at its next heartbeat.
+        let interval = (timeout / 2).min(Duration::from_secs(1));
+        client.set("heartbeat.interval.ms", interval.as_millis().to_string());
+    }
     for (key, value) in &config.consumer_properties {
         client.set(key, value);
     }
