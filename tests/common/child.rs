@@ -311,7 +311,8 @@ impl Copies {
         logs + &self.where_logs_are()
     }
 
-    fn where_logs_are(&self) -> String {
+    /// Where the copies' logs and state are kept, for an error message.
+    pub fn where_logs_are(&self) -> String {
         format!("(all logs and state in {})", self.dir.display())
     }
 

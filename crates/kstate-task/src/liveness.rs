@@ -16,15 +16,18 @@
 //! every half timeout) join it. Every live process does this; the second removal finds the
 //! members gone and does nothing.
 //!
-//! **Safety.** Time is each reader's own clock of when it *received* beacons, so clocks need not
-//! agree. A process judges others only while its own beacon came back to it within the
-//! timeout: one that is starved or cut off itself removes nobody. A member is removed by its
-//! member id and instance id together, so a process that restarted meanwhile (new member id) is
-//! left alone. A process that was only paused past the timeout is removed like a dead one and
-//! fenced when it resumes: its offset commits and transactions carry the old generation and are
+//! **Safety.** Silence is read from the log, with this process's own beacons as the clock
+//! (see `Beacons`): another process is silent when this process's own beacons, read back, span
+//! more than the timeout (by this process's clock) with none of the other's between them. So
+//! clocks need not agree, and a reader that was itself paused or starved, or is behind in
+//! reading, cannot take the others' unread beacons for silence; one cut off from the broker
+//! reads nothing back and judges nobody. A member is removed by its member id and instance id
+//! together, so a process that restarted meanwhile (new member id) is left alone. A process
+//! that was only paused past the timeout is removed like a dead one and fenced when it resumes:
+//! its offset commits and transactions carry the old generation and are
 //! refused, and it rejoins as a new member.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,41 +51,101 @@ pub(crate) fn topic(application_id: &str) -> String {
     format!("{application_id}-liveness")
 }
 
-/// When each process's beacon was last received here, and whether it was removed since.
-#[derive(Debug, Default)]
+/// What the beacons read so far say, with this process's own beacons as the clock.
+///
+/// Silence is measured in the log, not by when beacons reach this reader: the topic has one
+/// partition, so when this process reads back its own beacon *s*, it has read every beacon
+/// appended before it. Another process is silent for at least the time between the sending of
+/// the first own beacon after its latest one and the sending of the latest own beacon read
+/// back. A reader that was itself paused or slow cannot mistake that for silence: the others'
+/// beacons of that time sit in the log between its own, and reset their silence.
+#[derive(Debug)]
 struct Beacons {
-    seen: BTreeMap<String, Seen>,
+    me: String,
+    next_seq: u64,
+    /// Own beacons sent and not read back yet: sequence number, when sent.
+    sent: VecDeque<(u64, Instant)>,
+    /// When the latest own beacon read back was sent: how far the log has been read.
+    clock: Option<Instant>,
+    others: BTreeMap<String, Other>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Seen {
-    at: Instant,
+#[derive(Debug, Clone, Copy, Default)]
+struct Other {
+    /// When the first own beacon after its latest one was sent; `None`: its latest beacon is
+    /// after every own beacon read back.
+    quiet_since: Option<Instant>,
+    /// Its members were removed, and it has not beaconed since.
     removed: bool,
 }
 
+/// At most this many own beacons are remembered while none comes back.
+const MAX_UNREAD: usize = 1024;
+
 impl Beacons {
-    fn received(&mut self, process: &str, at: Instant) {
-        self.seen
-            .insert(process.to_string(), Seen { at, removed: false });
+    fn new(me: String) -> Self {
+        Beacons {
+            me,
+            next_seq: 0,
+            sent: VecDeque::new(),
+            clock: None,
+            others: BTreeMap::new(),
+        }
     }
 
-    /// The processes silent for longer than `timeout` at `now` and not yet removed, if `me`
-    /// itself was heard within `timeout` (otherwise nobody: the silence may be ours).
-    fn silent(&self, me: &str, now: Instant, timeout: Duration) -> Vec<(String, Duration)> {
-        let heard = |s: &Seen| now.saturating_duration_since(s.at);
-        if self.seen.get(me).is_none_or(|s| heard(s) > timeout) {
-            return Vec::new();
+    /// An own beacon is sent at `at`: its sequence number.
+    fn sending(&mut self, at: Instant) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if self.sent.len() == MAX_UNREAD {
+            self.sent.pop_front();
         }
-        self.seen
+        self.sent.push_back((seq, at));
+        seq
+    }
+
+    /// A beacon of `process` (with sequence number `seq`) was read.
+    fn received(&mut self, process: &str, seq: Option<u64>) {
+        if process != self.me {
+            *self.others.entry(process.to_string()).or_default() = Other::default();
+            return;
+        }
+        let Some(seq) = seq else {
+            return;
+        };
+        // Earlier own beacons that never came back are dropped with it.
+        while let Some(&(s, at)) = self.sent.front() {
+            if s > seq {
+                break;
+            }
+            self.sent.pop_front();
+            if s == seq {
+                self.clock = Some(at);
+                for other in self.others.values_mut() {
+                    other.quiet_since.get_or_insert(at);
+                }
+            }
+        }
+    }
+
+    /// The processes silent for longer than `timeout` and not yet removed, with how long.
+    fn silent(&self, timeout: Duration) -> Vec<(String, Duration)> {
+        let Some(clock) = self.clock else {
+            return Vec::new();
+        };
+        self.others
             .iter()
-            .filter(|(p, s)| p.as_str() != me && !s.removed && heard(s) > timeout)
-            .map(|(p, s)| (p.clone(), heard(s)))
+            .filter(|(_, o)| !o.removed)
+            .filter_map(|(p, o)| {
+                let quiet = clock.saturating_duration_since(o.quiet_since?);
+                (quiet > timeout).then(|| (p.clone(), quiet))
+            })
             .collect()
     }
 
     fn mark_removed(&mut self, process: &str) {
-        if let Some(s) = self.seen.get_mut(process) {
-            s.removed = true;
+        if let Some(o) = self.others.get_mut(process) {
+            o.removed = true;
         }
     }
 }
@@ -140,14 +203,15 @@ pub(crate) fn run(app: Arc<AppShared>, timeout: Duration) {
     }
     let interval = (timeout / 4).max(Duration::from_millis(10));
     tracing::info!(%topic, process = %me, ?timeout, "failure detection on");
-    let mut beacons = Beacons::default();
+    let mut beacons = Beacons::new(me.clone());
     let mut next_beacon = Instant::now();
     while !app.stopping() {
         let now = Instant::now();
         if now >= next_beacon {
+            let seq = beacons.sending(now).to_be_bytes();
             let beacon = BaseRecord::<str, [u8]>::to(&topic)
                 .key(me.as_str())
-                .payload(&[]);
+                .payload(&seq);
             if let Err((e, _)) = producer.send(beacon) {
                 tracing::debug!(error = %e, "a liveness beacon was not sent");
             }
@@ -162,13 +226,17 @@ pub(crate) fn run(app: Arc<AppShared>, timeout: Duration) {
             match received {
                 Ok(message) => {
                     if let Some(Ok(process)) = message.key_view::<str>() {
-                        beacons.received(process, Instant::now());
+                        let seq = message
+                            .payload()
+                            .and_then(|p| p.try_into().ok())
+                            .map(u64::from_be_bytes);
+                        beacons.received(process, seq);
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "reading liveness beacons"),
             }
         }
-        for (process, silent_for) in beacons.silent(&me, Instant::now(), timeout) {
+        for (process, silent_for) in beacons.silent(timeout) {
             if remove_process(&app, &consumer, &process, silent_for) {
                 beacons.mark_removed(&process);
             }
@@ -235,35 +303,91 @@ fn remove_process(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_process_is_silent_after_the_timeout_and_only_while_this_one_is_heard() {
-        let t0 = Instant::now();
-        let timeout = Duration::from_secs(1);
-        let mut b = Beacons::default();
-        b.received("me", t0);
-        b.received("other", t0);
-        assert!(b.silent("me", t0 + timeout / 2, timeout).is_empty());
-        // Both silent: the silence may be this process's own (starved, cut off).
-        assert!(b.silent("me", t0 + timeout * 2, timeout).is_empty());
-        b.received("me", t0 + timeout * 2);
-        let silent = b.silent("me", t0 + timeout * 2, timeout);
-        assert_eq!(silent, vec![("other".to_string(), timeout * 2)]);
-        b.mark_removed("other");
-        assert!(b.silent("me", t0 + timeout * 2, timeout).is_empty(), "once");
-        // It beacons again (it was paused, or restarted): judged afresh.
-        b.received("other", t0 + timeout * 3);
-        b.received("me", t0 + timeout * 5);
-        assert_eq!(b.silent("me", t0 + timeout * 5, timeout).len(), 1);
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    const STEP: Duration = Duration::from_millis(250);
+
+    /// Sends and reads back an own beacon at `at`.
+    fn tick(b: &mut Beacons, at: Instant) {
+        let seq = b.sending(at);
+        b.received("me", Some(seq));
     }
 
     #[test]
-    fn a_process_never_heard_is_never_judged() {
+    fn a_process_is_silent_once_the_own_beacons_read_back_span_the_timeout_without_it() {
         let t0 = Instant::now();
-        let mut b = Beacons::default();
-        b.received("me", t0 + Duration::from_secs(10));
-        assert!(
-            b.silent("me", t0 + Duration::from_secs(10), Duration::from_secs(1))
-                .is_empty()
+        let mut b = Beacons::new("me".into());
+        b.received("other", Some(0));
+        for i in 0..=4 {
+            tick(&mut b, t0 + STEP * i);
+        }
+        assert!(b.silent(TIMEOUT).is_empty(), "1 s exactly is not more");
+        tick(&mut b, t0 + STEP * 5);
+        assert_eq!(b.silent(TIMEOUT), vec![("other".to_string(), STEP * 5)]);
+        b.mark_removed("other");
+        assert!(b.silent(TIMEOUT).is_empty(), "removed once");
+        // It beacons again (it was paused, or restarted): judged afresh.
+        b.received("other", Some(7));
+        assert!(b.silent(TIMEOUT).is_empty());
+        for i in 6..=11 {
+            tick(&mut b, t0 + STEP * i);
+        }
+        assert_eq!(b.silent(TIMEOUT).len(), 1);
+    }
+
+    #[test]
+    fn a_paused_reader_does_not_take_the_beacons_it_has_not_read_for_silence() {
+        let t0 = Instant::now();
+        let mut b = Beacons::new("me".into());
+        b.received("other", Some(0));
+        tick(&mut b, t0);
+        // Paused for 3 s: its next beacon is sent after the pause, and the other's beacons of
+        // that time are in the log before it.
+        let late = b.sending(t0 + Duration::from_secs(3));
+        for seq in 1..12 {
+            b.received("other", Some(seq));
+        }
+        b.received("me", Some(late));
+        assert!(b.silent(TIMEOUT).is_empty());
+        // Its own beacon read back before the backlog: still nothing is judged that the log
+        // does not show.
+        let mut b = Beacons::new("me".into());
+        b.received("other", Some(0));
+        tick(&mut b, t0);
+        tick(&mut b, t0 + Duration::from_secs(3));
+        assert_eq!(
+            b.silent(TIMEOUT),
+            vec![("other".to_string(), Duration::from_secs(3))],
+            "the log shows 3 s of own beacons without the other's: it was silent"
         );
+    }
+
+    #[test]
+    fn nothing_is_judged_before_an_own_beacon_comes_back_or_of_a_process_never_heard() {
+        let t0 = Instant::now();
+        let mut b = Beacons::new("me".into());
+        b.received("other", Some(0));
+        for i in 0..20 {
+            b.sending(t0 + STEP * i);
+        }
+        assert!(b.silent(TIMEOUT).is_empty(), "no own beacon read back");
+        let mut b = Beacons::new("me".into());
+        for i in 0..20 {
+            tick(&mut b, t0 + STEP * i);
+        }
+        assert!(b.silent(TIMEOUT).is_empty(), "nobody else heard");
+    }
+
+    #[test]
+    fn own_beacons_that_never_come_back_are_forgotten() {
+        let t0 = Instant::now();
+        let mut b = Beacons::new("me".into());
+        for i in 0..(MAX_UNREAD as u32 + 10) {
+            b.sending(t0 + STEP * i);
+        }
+        assert_eq!(b.sent.len(), MAX_UNREAD);
+        let last = b.sending(t0 + STEP * 2000);
+        b.received("me", Some(last));
+        assert!(b.sent.is_empty());
+        assert_eq!(b.clock, Some(t0 + STEP * 2000));
     }
 }
