@@ -94,7 +94,8 @@
 #   ONLY=latency             only the latency runs (7.)
 #   ONLY=failover-standby    only the failover with a standby replica on both systems
 #                            (failover.sh FAILOVER_STANDBYS=1; not part of ONLY=all): prints
-#                            failover-standby only
+#                            failover-standby only; FAILOVER_DETECTION_MS=1000 in the
+#                            environment gives kstate's copies failure detection
 #   ONLY=windowed            only the windowed runs (8.): prints windowed-alos, windowed-eos and
 #                            windowed-final only
 #                            (default ONLY=all: everything; parts can be combined with commas,

@@ -150,8 +150,9 @@ impl AppBuilder {
     /// (at most 1 s; `heartbeat.interval.ms` overrides it), so the survivors join that
     /// rebalance quickly.
     ///
-    /// A process only judges others while its own beacons come back to it in time: a process
-    /// that is starved itself removes nobody. A process that was merely paused for longer than
+    /// Silence is read from the beacons' log, with a process's own beacons as its clock: a
+    /// process that was starved or paused itself, or reads late, does not take the others'
+    /// unread beacons for silence. A process that was merely paused for longer than
     /// `timeout` is removed like a dead one and fenced: its transactions and offset commits are
     /// refused (the group's generation moved on), and it rejoins when it resumes.
     ///
