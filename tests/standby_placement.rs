@@ -204,7 +204,7 @@ async fn librdkafkas_range_assignment_is_the_predicted_one_after_every_single_fa
                     checked_moves += 1;
                     assert!(
                         placement
-                            .standbys_of(to)
+                            .standbys_of(to, 1)
                             .contains(&TaskId { partition: task }),
                         "{count} processes without {failed}: task {task} went to {to}, which \
                          keeps no standby of it"

@@ -405,36 +405,19 @@ async fn standby_failover(name: &str, detection: Option<Duration>) -> anyhow::Re
         Some(_) => (Duration::from_secs(60), Duration::from_secs(30)),
         None => (Duration::from_secs(6), Duration::from_secs(60)),
     };
-    let servers = kstate_test_broker::bootstrap_servers()?;
-    let inputs = vec![unique_topic("standby-a"), unique_topic("standby-b")];
-    let output = unique_topic("standby-out");
-    for topic in inputs.iter().chain([&output]) {
-        common::create_topic(servers.as_str(), topic, PARTITIONS, "delete").await?;
-    }
-    let app_id = unique_topic(name);
     let standbys: u32 = std::env::var("KSTATE_STANDBY_REPLICAS")
         .ok()
         .map_or(Ok(1), |s| s.parse())?;
-    let env = vec![
-        ("SERVERS", servers.clone()),
-        ("APP_ID", app_id.clone()),
-        ("INPUTS", inputs.join(",")),
-        ("OUTPUT", output.clone()),
-        ("STATIC", "true".into()),
-        ("STANDBYS", standbys.to_string()),
-        ("SESSION_TIMEOUT_MS", session.as_millis().to_string()),
-        (
-            "FAILURE_DETECTION_MS",
-            detection.map_or(0, |d| d.as_millis()).to_string(),
-        ),
-    ];
+    let Setup {
+        servers,
+        inputs,
+        output,
+        app_id,
+        mut copies,
+    } = start_copies(name, copies_n, standbys, session, detection).await?;
     let member = |slot: usize| format!("{app_id}-copy-{slot}-0");
     let process = |slot: usize| process_of(&member(slot)).to_string();
     let placement = RangePlacement::new((0..copies_n).map(member), PARTITIONS);
-    let mut copies = Copies::new(name, "child_counter", &env, copies_n)?;
-    for slot in 0..copies_n {
-        copies.spawn(slot)?;
-    }
     let mut truth = BTreeMap::new();
     let mut hits = 0;
     for victim in 0..copies_n {
@@ -445,10 +428,9 @@ async fn standby_failover(name: &str, detection: Option<Duration>) -> anyhow::Re
             copies.check_alive()?;
             for slot in 0..copies_n {
                 let expected: BTreeSet<i32> = placement
-                    .standbys_of(&process(slot))
+                    .standbys_of(&process(slot), standbys as usize)
                     .iter()
                     .map(|t| t.partition)
-                    .filter(|_| standbys > 0)
                     .collect();
                 if followed(&log_since(&copies, slot, 0)?) != expected {
                     return Ok(false);
@@ -628,10 +610,146 @@ async fn standby_failover(name: &str, detection: Option<Duration>) -> anyhow::Re
     } else {
         copies.check_no_foreign_writes(&copies.all())?;
     }
-    copies.stop_all()?;
-    copies.finished();
-    for topic in inputs.iter().chain([&output]) {
-        common::delete_topic(topic).await?;
+    Setup {
+        servers,
+        inputs,
+        output,
+        app_id,
+        copies,
     }
-    Ok(())
+    .finish()
+    .await
+}
+
+/// Copies of the counter on fresh topics, running.
+struct Setup {
+    servers: String,
+    inputs: Vec<String>,
+    output: String,
+    app_id: String,
+    copies: Copies,
+}
+
+/// Two co-partitioned inputs and an output of [`PARTITIONS`], and `copies_n` static copies
+/// with `standbys` replicas, the `session` timeout and failure detection after `detection`.
+async fn start_copies(
+    name: &str,
+    copies_n: usize,
+    standbys: u32,
+    session: Duration,
+    detection: Option<Duration>,
+) -> anyhow::Result<Setup> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let inputs = vec![unique_topic("standby-a"), unique_topic("standby-b")];
+    let output = unique_topic("standby-out");
+    for topic in inputs.iter().chain([&output]) {
+        common::create_topic(servers.as_str(), topic, PARTITIONS, "delete").await?;
+    }
+    let app_id = unique_topic(name);
+    let env = vec![
+        ("SERVERS", servers.clone()),
+        ("APP_ID", app_id.clone()),
+        ("INPUTS", inputs.join(",")),
+        ("OUTPUT", output.clone()),
+        ("STATIC", "true".into()),
+        ("STANDBYS", standbys.to_string()),
+        ("SESSION_TIMEOUT_MS", session.as_millis().to_string()),
+        (
+            "FAILURE_DETECTION_MS",
+            detection.map_or(0, |d| d.as_millis()).to_string(),
+        ),
+    ];
+    let mut copies = Copies::new(name, "child_counter", &env, copies_n)?;
+    for slot in 0..copies_n {
+        copies.spawn(slot)?;
+    }
+    Ok(Setup {
+        servers,
+        inputs,
+        output,
+        app_id,
+        copies,
+    })
+}
+
+impl Setup {
+    /// Stops the copies and deletes the topics.
+    async fn finish(mut self) -> anyhow::Result<()> {
+        self.copies.stop_all()?;
+        self.copies.finished();
+        for topic in self.inputs.iter().chain([&self.output]) {
+            common::delete_topic(topic).await?;
+        }
+        Ok(())
+    }
+}
+
+/// With two replicas each of three copies follows every task it does not run, so when two
+/// copies die at once, the third restores all their tasks from its standbys.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_two_replicas_two_copies_killed_at_once_restore_on_the_third_with_nothing_to_replay()
+-> anyhow::Result<()> {
+    let copies_n = 3;
+    let mut s = start_copies("two-replicas", copies_n, 2, Duration::from_secs(6), None).await?;
+    let member = |slot: usize| format!("{}-copy-{slot}-0", s.app_id);
+    let placement = RangePlacement::new((0..copies_n).map(member), PARTITIONS);
+    let mut truth = BTreeMap::new();
+    write_round(&s.servers, &s.inputs, 4, &mut truth)?;
+    wait_for_counts(&s.servers, &s.output, &truth, &mut s.copies)?;
+    wait_for("the standbys to be placed", Duration::from_secs(60), || {
+        s.copies.check_alive()?;
+        for slot in 0..copies_n {
+            let own: BTreeSet<i32> = placement.tasks_of(&member(slot)).collect();
+            let every_other: BTreeSet<i32> = (0..PARTITIONS).filter(|t| !own.contains(t)).collect();
+            let model: BTreeSet<i32> = placement
+                .standbys_of(process_of(&member(slot)), 2)
+                .iter()
+                .map(|t| t.partition)
+                .collect();
+            anyhow::ensure!(
+                model == every_other,
+                "copy {slot}: the model's standbys {model:?}"
+            );
+            if followed(&log_since(&s.copies, slot, 0)?) != model {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })?;
+    // Quiet input: a follower applies what it has whenever its changelog goes quiet.
+    std::thread::sleep(Duration::from_secs(3));
+    let mark = log_len(&s.copies, 2)?;
+    s.copies.kill(0)?;
+    s.copies.kill(1)?;
+    let moved: Vec<i32> = placement
+        .tasks_of(&member(0))
+        .chain(placement.tasks_of(&member(1)))
+        .collect();
+    wait_for(
+        "the killed copies' tasks to restore on copy 2",
+        Duration::from_secs(60),
+        || {
+            s.copies.check_alive()?;
+            let done = active_restores_done(&log_since(&s.copies, 2, mark)?);
+            Ok(moved.iter().all(|t| done.iter().any(|(p, _)| p == t)))
+        },
+    )?;
+    let replayed: Vec<(i32, u64)> = active_restores_done(&log_since(&s.copies, 2, mark)?)
+        .into_iter()
+        .filter(|(p, records)| moved.contains(p) && *records > 0)
+        .collect();
+    anyhow::ensure!(
+        replayed.is_empty(),
+        "tasks restored on copy 2 replaying records (task, records): {replayed:?}\n{}",
+        s.copies.logs()
+    );
+    write_round(&s.servers, &s.inputs, 2, &mut truth)?;
+    wait_for_counts(&s.servers, &s.output, &truth, &mut s.copies)?;
+    s.copies.spawn(0)?;
+    s.copies.spawn(1)?;
+    write_round(&s.servers, &s.inputs, 2, &mut truth)?;
+    wait_for_counts(&s.servers, &s.output, &truth, &mut s.copies)?;
+    check_exact_sequences(&s.servers, &s.output, PARTITIONS, &truth)?;
+    s.copies.check_no_foreign_writes(&s.copies.all())?;
+    s.finish().await
 }

@@ -137,6 +137,13 @@ async fn counts_every_record_once_and_a_clean_restart_replays_nothing() -> anyho
     }
     // The query API reads the owning task's store.
     wait_for("all tasks running", WAIT, || Ok(all_running(&running, 4)))?;
+    // Each task shows its committed position: together, every input record.
+    wait_for("every task's position at its input's end", WAIT, || {
+        let tasks = running.tasks();
+        let positions: i64 = tasks.iter().filter_map(|t| t.position.get(&s.input)).sum();
+        let processed: u64 = tasks.iter().map(|t| t.processed).sum();
+        Ok(positions == records.len() as i64 && processed == records.len() as u64)
+    })?;
     for (key, n) in &expected {
         let partition = partition_of(key, s.partitions)?;
         assert_eq!(running.query(&counts).get(partition, key)?, Some(*n));

@@ -37,6 +37,10 @@ impl App {
     }
 }
 
+/// The most standby replicas ([`AppBuilder::standby_replicas`]): the placement model enumerates
+/// every set of up to that many failed processes.
+const MAX_STANDBY_REPLICAS: u32 = 2;
+
 /// Kafka's longest topic name.
 const MAX_TOPIC_NAME: usize = 249;
 
@@ -126,7 +130,11 @@ impl AppBuilder {
     /// Standby replicas: with `1`, each process keeps warm copies of the tasks it would receive
     /// if any one other process failed, following their changelogs, so that a failover replays
     /// only the records of the last moments instead of the task's whole state (Kafka Streams'
-    /// `num.standby.replicas`). `0` (the default): none.
+    /// `num.standby.replicas`); with `2`, also those it would receive if any two failed at
+    /// once. `0` (the default): none. At most 2 (the model enumerates every set of failed
+    /// processes, which grows as the number of processes to the power `n`); after a failure the
+    /// standbys are placed again for the group that is left, so failures one after another are
+    /// covered by `1` once the new standbys have caught up.
     ///
     /// librdkafka has no pluggable assignor, so standbys go where the group's assignor will put
     /// each task: they need [`static_membership`](Self::static_membership) and the eager
@@ -134,8 +142,7 @@ impl AppBuilder {
     /// assignment every process can compute from the members' instance ids
     /// ([`placement`](crate::placement)). A task can have a standby on more than one process
     /// (a failure also shifts the ranges next to the failed member's), and each follows its
-    /// changelogs with a thread per store. More than one replica (surviving two failures
-    /// warm) is refused. [`Running::standbys`](crate::Running::standbys) shows them.
+    /// changelogs with a thread per store. [`Running::standbys`](crate::Running::standbys) shows them.
     pub fn standby_replicas(&mut self, n: u32) -> &mut Self {
         self.config.standby_replicas = n;
         self
@@ -457,9 +464,9 @@ impl AppBuilder {
                 );
             }
         }
-        if c.standby_replicas > 1 {
+        if c.standby_replicas > MAX_STANDBY_REPLICAS {
             return invalid(format!(
-                "{} standby replicas: at most 1 is supported (a standby of every task that any single process failure would bring here)",
+                "{} standby replicas: at most {MAX_STANDBY_REPLICAS} are supported (a standby of every task that up to that many failures at once would bring here)",
                 c.standby_replicas
             ));
         }
@@ -694,8 +701,8 @@ mod tests {
         let mut b = builder(&["in"]);
         b.instance_id("host-1")
             .static_membership(true)
-            .standby_replicas(2);
-        assert!(refusal(&b).to_string().contains("at most 1"));
+            .standby_replicas(3);
+        assert!(refusal(&b).to_string().contains("at most 2"));
     }
 
     #[test]

@@ -212,7 +212,7 @@ pub(crate) struct AppConfig {
     pub(crate) instance_id: String,
     /// `group.instance.id` per worker (KIP-345), from the instance id.
     pub(crate) static_membership: bool,
-    /// Standby replicas ([`crate::AppBuilder::standby_replicas`]): 0 or 1.
+    /// Standby replicas ([`crate::AppBuilder::standby_replicas`]): 0 to 2.
     pub(crate) standby_replicas: u32,
     /// Failure detection by liveness beacons ([`crate::AppBuilder::failure_detection`]): how
     /// long a process may stay silent before the others remove its members from the group.

@@ -90,20 +90,26 @@ impl RangePlacement {
         self.members.iter().map(|m| process_of(m)).collect()
     }
 
-    /// The tasks `process` does not run now but would if any one other process failed: where a
-    /// standby copy on `process` turns a failover into a tail replay. A task can be here for
-    /// more than one process (a failure shifts the ranges next to the failed member's too).
-    pub fn standbys_of(&self, process: &str) -> BTreeSet<TaskId> {
+    /// The tasks `process` does not run now but would if up to `failures` other processes
+    /// failed at once: where a standby copy on `process` turns a failover into a tail replay.
+    /// With `failures` 1, every single failure; with 2, also every pair; and so on (each set of
+    /// failed processes is one range assignment over the rest, so this enumerates
+    /// `C(p-1, 1) + … + C(p-1, failures)` of them for `p` processes). A task can be here for
+    /// more than one failure (a failure shifts the ranges next to the failed member's too).
+    pub fn standbys_of(&self, process: &str, failures: usize) -> BTreeSet<TaskId> {
         let ours = |m: &str| process_of(m) == process;
         let now = self.tasks_of_process(ours);
+        let others: Vec<&str> = self
+            .processes()
+            .into_iter()
+            .filter(|p| *p != process)
+            .collect();
         let mut standbys = BTreeSet::new();
-        for failed in self.processes() {
-            if failed == process {
-                continue;
-            }
-            let after = self.without(|m| process_of(m) == failed);
+        let mut failed: Vec<&str> = Vec::new();
+        each_failure_set(&others, failures, &mut failed, &mut |failed| {
+            let after = self.without(|m| failed.contains(&process_of(m)));
             standbys.extend(after.tasks_of_process(ours).difference(&now).copied());
-        }
+        });
         standbys
     }
 
@@ -128,6 +134,25 @@ impl RangePlacement {
         let i = i as i32;
         let start = i * share + i.min(extra);
         start..start + share + i32::from(i < extra)
+    }
+}
+
+/// Calls `visit` with every non-empty subset of `candidates` of at most `max` elements (each
+/// once, in the candidates' order), `chosen` holding the subset.
+fn each_failure_set<'a>(
+    candidates: &[&'a str],
+    max: usize,
+    chosen: &mut Vec<&'a str>,
+    visit: &mut impl FnMut(&[&'a str]),
+) {
+    if chosen.len() == max {
+        return;
+    }
+    for (i, candidate) in candidates.iter().enumerate() {
+        chosen.push(candidate);
+        visit(chosen);
+        each_failure_set(&candidates[i + 1..], max, chosen, visit);
+        chosen.pop();
     }
 }
 
@@ -198,9 +223,28 @@ mod tests {
         // a runs 0-3, b 4-7, c 8-11. Without b: a 0-5, c 6-11; without c: a 0-5, b 6-11;
         // without a: b 0-5, c 6-11. The middle process stands by for both neighbours.
         let set = |tasks: &[i32]| -> BTreeSet<TaskId> { tasks.iter().copied().map(task).collect() };
-        assert_eq!(p.standbys_of("x-a"), set(&[4, 5]));
-        assert_eq!(p.standbys_of("x-b"), set(&[0, 1, 2, 3, 8, 9, 10, 11]));
-        assert_eq!(p.standbys_of("x-c"), set(&[6, 7]));
+        assert_eq!(p.standbys_of("x-a", 1), set(&[4, 5]));
+        assert_eq!(p.standbys_of("x-b", 1), set(&[0, 1, 2, 3, 8, 9, 10, 11]));
+        assert_eq!(p.standbys_of("x-c", 1), set(&[6, 7]));
+        // Two at once: whoever survives runs everything.
+        let all: Vec<i32> = (0..12).collect();
+        assert_eq!(p.standbys_of("x-a", 2), set(&all[4..]));
+        assert_eq!(p.standbys_of("x-c", 2), set(&all[..8]));
+        assert_eq!(p.standbys_of("x-b", 2), p.standbys_of("x-b", 1));
+    }
+
+    #[test]
+    fn failure_sets_are_every_subset_up_to_the_bound_once() {
+        let mut seen = Vec::new();
+        each_failure_set(&["a", "b", "c"], 2, &mut Vec::new(), &mut |s| {
+            seen.push(s.join(""))
+        });
+        assert_eq!(seen, ["a", "ab", "ac", "b", "bc", "c"]);
+        let mut n = 0;
+        each_failure_set(&["a", "b", "c", "d", "e"], 3, &mut Vec::new(), &mut |_| {
+            n += 1
+        });
+        assert_eq!(n, 5 + 10 + 10);
     }
 
     proptest! {
@@ -228,25 +272,32 @@ mod tests {
             prop_assert!(hi - lo <= 1);
         }
 
-        /// After any one process fails, each task that lands on a surviving process and was not
-        /// there before is in that process's standbys: a standby is where the task goes.
+        /// After any `replicas` or fewer processes fail at once (one or two here), each task
+        /// that lands on a surviving process and was not there before is in that process's
+        /// standbys: a standby is where the task goes.
         #[test]
         fn every_moved_task_finds_its_standby(
             processes in prop::collection::btree_set("[a-e]{1,2}", 2..6),
             workers in 1usize..4,
             tasks in 1i32..40,
+            replicas in 1usize..3,
         ) {
             let members: Vec<String> = processes
                 .iter()
                 .flat_map(|p| (0..workers).map(move |w| format!("{p}-{w}")))
                 .collect();
             let placement = RangePlacement::new(members, tasks);
-            for failed in &processes {
-                let after = placement.without(|m| process_of(m) == failed);
+            let processes: Vec<&str> = processes.iter().map(String::as_str).collect();
+            let mut failure_sets: Vec<Vec<&str>> = Vec::new();
+            each_failure_set(&processes, replicas, &mut Vec::new(), &mut |s| {
+                failure_sets.push(s.to_vec())
+            });
+            for failed in failure_sets.iter().filter(|f| f.len() < processes.len()) {
+                let after = placement.without(|m| failed.contains(&process_of(m)));
                 for t in (0..tasks).map(task) {
                     let to = process_of(after.owner(t).unwrap());
                     if process_of(placement.owner(t).unwrap()) != to {
-                        prop_assert!(placement.standbys_of(to).contains(&t));
+                        prop_assert!(placement.standbys_of(to, replicas).contains(&t));
                     }
                 }
             }

@@ -164,7 +164,7 @@ impl Standbys {
                 Err(e) => tracing::warn!(%task, error = %e, "could not start a standby"),
             }
         }
-        metrics::gauge!("kstate_task_standbys").set(
+        metrics::gauge!("kstate_task_tasks", "role" => "standby").set(
             followers
                 .by_task
                 .values()
@@ -368,7 +368,10 @@ fn wanted(
     let Some(first) = config.group_instance_id(0) else {
         return Err("standbys need static membership".into());
     };
-    Ok(Some(placement.standbys_of(process_of(&first))))
+    Ok(Some(placement.standbys_of(
+        process_of(&first),
+        config.standby_replicas as usize,
+    )))
 }
 
 /// The manager thread: looks at the group every [`REFRESH`] or when a worker's assignment

@@ -1,9 +1,11 @@
-//! What the application reports about its tasks: state, restore progress, records processed;
-//! and the registry the query API routes through.
+//! What the application reports about its tasks: state, restore progress, records processed,
+//! position and lag in the inputs; and the registry the query API routes through.
 //!
-//! The registry is written only by the worker's task-state transitions (`worker::slots`), and
-//! keyed by worker and partition: a worker that loses a task after another worker of the
-//! process took it over removes its own entry, never the other's.
+//! The registry is written only by the worker's task-state transitions (`worker::slots`) and
+//! its consumer's statistics (the inputs' lag), and keyed by worker and partition: a worker
+//! that loses a task after another worker of the process took it over removes its own entry,
+//! never the other's. Each transition also sets the gauge `kstate_task_tasks{role}`: how many
+//! of the process's tasks restore, run or close (the standby manager sets `role="standby"`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -16,7 +18,8 @@ use kstate_kafka::{BatchRestored, LoggedStore, RestoreListener, RestoreStart};
 
 use crate::ids::TaskId;
 
-/// Where a task is.
+/// Where a task is: the role of an active task. A standby's is in
+/// [`Running::standbys`](crate::Running::standbys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskState {
     /// Its stores are being restored; its input partitions are paused.
@@ -56,6 +59,27 @@ pub struct TaskStatus {
     pub restore: RestoreProgress,
     /// Input records processed and committed since it started here.
     pub processed: u64,
+    /// Per input topic, the next offset the task processes as of its last commit: where it
+    /// starts again if it moves (empty until it runs).
+    pub position: BTreeMap<String, i64>,
+    /// Input records the task has yet to process, summed over its inputs, from librdkafka's
+    /// statistics (every 5 s; `None` until they first came, or while it restores).
+    pub lag: Option<i64>,
+}
+
+/// What a running task shares with the registry, brought up to date at each of its commits.
+#[derive(Debug, Default)]
+pub(crate) struct CommittedSoFar {
+    processed: AtomicU64,
+    position: Mutex<BTreeMap<String, i64>>,
+}
+
+impl CommittedSoFar {
+    /// A commit covered `processed` more records and left the task at `position`.
+    pub(crate) fn add(&self, processed: u64, position: impl Iterator<Item = (String, i64)>) {
+        self.processed.fetch_add(processed, Ordering::Relaxed);
+        lock(&self.position).extend(position);
+    }
 }
 
 /// Counts a task's restore; a [`RestoreListener`] for each of its stores.
@@ -118,7 +142,9 @@ pub(crate) struct Entry {
     pub(crate) worker: usize,
     pub(crate) state: TaskState,
     pub(crate) progress: Arc<Progress>,
-    pub(crate) processed: Arc<AtomicU64>,
+    pub(crate) committed: Arc<CommittedSoFar>,
+    /// Per input topic, from the consumer's statistics.
+    pub(crate) lag: BTreeMap<String, i64>,
     pub(crate) stores: Vec<(String, Arc<LoggedStore>)>,
 }
 
@@ -130,40 +156,59 @@ pub(crate) struct Registry {
 
 impl Registry {
     pub(crate) fn restoring(&self, worker: usize, partition: i32, progress: Arc<Progress>) {
-        lock(&self.tasks).insert(
+        let mut tasks = lock(&self.tasks);
+        tasks.insert(
             (worker, partition),
             Entry {
                 worker,
                 state: TaskState::Restoring,
                 progress,
-                processed: Arc::default(),
+                committed: Arc::default(),
+                lag: BTreeMap::new(),
                 stores: Vec::new(),
             },
         );
+        count_roles(&tasks);
     }
 
     pub(crate) fn running(
         &self,
         worker: usize,
         partition: i32,
-        processed: Arc<AtomicU64>,
+        committed: Arc<CommittedSoFar>,
         stores: Vec<(String, Arc<LoggedStore>)>,
     ) {
-        if let Some(entry) = lock(&self.tasks).get_mut(&(worker, partition)) {
+        let mut tasks = lock(&self.tasks);
+        if let Some(entry) = tasks.get_mut(&(worker, partition)) {
             entry.state = TaskState::Running;
-            entry.processed = processed;
+            entry.committed = committed;
             entry.stores = stores;
         }
+        count_roles(&tasks);
     }
 
     pub(crate) fn closing(&self, worker: usize, partition: i32) {
-        if let Some(entry) = lock(&self.tasks).get_mut(&(worker, partition)) {
+        let mut tasks = lock(&self.tasks);
+        if let Some(entry) = tasks.get_mut(&(worker, partition)) {
             entry.state = TaskState::Closing;
         }
+        count_roles(&tasks);
     }
 
     pub(crate) fn remove(&self, worker: usize, partition: i32) {
-        lock(&self.tasks).remove(&(worker, partition));
+        let mut tasks = lock(&self.tasks);
+        tasks.remove(&(worker, partition));
+        count_roles(&tasks);
+    }
+
+    /// The consumer's statistics measured `lag` records past the position of the running task
+    /// `partition` of `worker` in input `topic`.
+    pub(crate) fn input_lag(&self, worker: usize, topic: &str, partition: i32, lag: i64) {
+        if let Some(entry) = lock(&self.tasks).get_mut(&(worker, partition))
+            && entry.state == TaskState::Running
+        {
+            entry.lag.insert(topic.to_string(), lag);
+        }
     }
 
     pub(crate) fn statuses(&self) -> Vec<TaskStatus> {
@@ -174,7 +219,9 @@ impl Registry {
                 worker: e.worker,
                 state: e.state,
                 restore: e.progress.snapshot(),
-                processed: e.processed.load(Ordering::Relaxed),
+                processed: e.committed.processed.load(Ordering::Relaxed),
+                position: lock(&e.committed.position).clone(),
+                lag: (!e.lag.is_empty()).then(|| e.lag.values().sum()),
             })
             .collect()
     }
@@ -190,5 +237,17 @@ impl Registry {
                     .find(|(n, _)| n == name)
                     .map(|(_, s)| s.clone())
             })
+    }
+}
+
+/// Sets `kstate_task_tasks{role}` for the active roles from the registry's entries.
+fn count_roles(tasks: &BTreeMap<(usize, i32), Entry>) {
+    for (role, state) in [
+        ("restoring", TaskState::Restoring),
+        ("running", TaskState::Running),
+        ("closing", TaskState::Closing),
+    ] {
+        let n = tasks.values().filter(|e| e.state == state).count();
+        metrics::gauge!("kstate_task_tasks", "role" => role).set(n as f64);
     }
 }

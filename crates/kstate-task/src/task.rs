@@ -31,7 +31,6 @@
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kstate_core::{BoxError, KeyValueStore};
@@ -43,6 +42,7 @@ use crate::config::{ProcessorFactory, StoreSpec};
 use crate::error::{ProcessorStep, TaskError, panic_message};
 use crate::ids::{InputPartition, Record, TaskId};
 use crate::processor::{Context, Latest, Processor};
+use crate::status::CommittedSoFar;
 use crate::stores::{SWEEP_PER_COMMIT, TaskStore, Timed};
 use crate::timers::Timers;
 
@@ -84,7 +84,8 @@ pub(crate) struct Task {
     timers: Timers,
     stream_time: Option<i64>,
     latest: Latest,
-    pub(crate) processed: Arc<AtomicU64>,
+    /// Records processed and the input position, as of the last commit.
+    pub(crate) committed: Arc<CommittedSoFar>,
     processed_since_commit: u64,
     /// The processor ran since the last commit (it may have written or sent something).
     touched: bool,
@@ -141,7 +142,7 @@ impl Task {
             timers: Timers::default(),
             stream_time: None,
             latest: Latest::new(),
-            processed: Arc::new(AtomicU64::new(0)),
+            committed: Arc::default(),
             processed_since_commit: 0,
             touched: false,
             flush_interval,
@@ -400,8 +401,12 @@ impl Task {
 
     fn count_committed(&mut self) {
         self.touched = false;
-        self.processed
-            .fetch_add(self.processed_since_commit, Ordering::Relaxed);
+        self.committed.add(
+            self.processed_since_commit,
+            self.offsets
+                .iter()
+                .map(|(topic, at)| (topic.clone(), at.next)),
+        );
         metrics::counter!("kstate_task_records_processed").increment(self.processed_since_commit);
         self.processed_since_commit = 0;
     }
@@ -558,6 +563,7 @@ fn add_offset(tpl: &mut TopicPartitionList, topic: &str, partition: i32, offset:
 mod tests {
     use super::*;
     use kstate_kafka::ProducerConfig;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     /// Counts the records it is given; panics on a record with key `panic`.
     struct Counting(Arc<AtomicU64>);

@@ -26,11 +26,14 @@ pub(crate) struct WorkerContext {
 
 impl ClientContext for WorkerContext {
     /// Consumer lag per task, from librdkafka's statistics (every 5 s): the `metrics` gauge
-    /// `kstate_task_consumer_lag{topic, partition}`.
+    /// `kstate_task_consumer_lag{topic, partition}`, and each running task's `lag` in
+    /// [`Running::tasks`](crate::Running::tasks).
     fn stats(&self, statistics: rdkafka::Statistics) {
+        let core = lock(&self.core);
         for (topic, t) in &statistics.topics {
             for (partition, p) in &t.partitions {
                 if *partition >= 0 && p.consumer_lag >= 0 {
+                    core.input_lag(topic, *partition, p.consumer_lag);
                     metrics::gauge!(
                         "kstate_task_consumer_lag",
                         "topic" => topic.clone(),

@@ -110,6 +110,14 @@ impl Core {
         }
     }
 
+    /// The consumer's statistics: `lag` records of input `topic` past the committed position in
+    /// `partition`.
+    pub(crate) fn input_lag(&self, topic: &str, partition: i32, lag: i64) {
+        self.app
+            .registry
+            .input_lag(self.index, topic, partition, lag);
+    }
+
     fn fail(&mut self, error: TaskError) {
         self.health.fail(self.index, error);
     }
@@ -148,6 +156,17 @@ impl Core {
         complete.dedup();
         if !complete.is_empty() {
             tracing::info!(worker = self.index, tasks = ?complete, "assigned; restoring");
+        }
+        // Judged once the whole assignment is held (a task's inputs come in one event, one
+        // partition after another), not at each partition.
+        let incomplete = self.slots.incomplete_among(partitions);
+        if !incomplete.is_empty() {
+            tracing::warn!(
+                worker = self.index,
+                tasks = ?incomplete,
+                inputs = ?self.app.config.inputs,
+                "holds only some of these tasks' input partitions: they stay paused and a task does not start until every input's partition is assigned here"
+            );
         }
         self.start_restores(&complete, false);
     }

@@ -154,6 +154,21 @@ impl Slots {
         held
     }
 
+    /// Of `partitions`' tasks, those that hold only some of their inputs, with the inputs they
+    /// hold.
+    pub(crate) fn incomplete_among(
+        &self,
+        partitions: &[InputPartition],
+    ) -> BTreeMap<i32, BTreeSet<String>> {
+        partitions
+            .iter()
+            .filter_map(|ip| match self.slots.get(&ip.partition) {
+                Some(Slot::Incomplete { held }) => Some((ip.partition, held.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The running task with a store of this name (as its logged store names itself).
     pub(crate) fn task_with_store(&self, store: &str) -> Option<i32> {
         self.slots.iter().find_map(|(p, s)| match s {
@@ -179,17 +194,7 @@ impl Slots {
         match slot {
             Slot::Incomplete { held } => {
                 held.insert(ip.topic.clone());
-                if held.len() == n_inputs {
-                    return Some(ip.partition);
-                }
-                tracing::warn!(
-                    worker = self.worker,
-                    task = ip.partition,
-                    held = ?held,
-                    inputs = ?self.app.config.inputs,
-                    "holds only some of the task's input partitions: they stay paused and the task does not start until every input's partition is assigned here"
-                );
-                None
+                (held.len() == n_inputs).then_some(ip.partition)
             }
             // Assigned again while held (a duplicate event): nothing changes.
             Slot::Restoring(_) | Slot::Running(_) => None,
@@ -255,7 +260,7 @@ impl Slots {
         self.app.registry.running(
             self.worker,
             partition,
-            task.processed.clone(),
+            task.committed.clone(),
             task.logged_stores(),
         );
         self.slots.insert(partition, Slot::Running(task));

@@ -974,3 +974,35 @@ fn an_assignment_while_the_worker_ends_is_no_failure() {
     assert!(h.core.health.is_ok(), "the worker did not fail");
     assert!(!h.running(0));
 }
+
+#[test]
+fn a_running_task_of_two_inputs_shows_its_committed_position_and_its_lag_in_both() {
+    let mut h = harness(
+        &["a", "b"],
+        ProcessingGuarantee::AtLeastOnce,
+        ErrorPolicy::Fail,
+    );
+    h.input.group.borrow_mut().insert(ip("a", 0), 50);
+    h.core.assigned(&h.input, &[ip("a", 0), ip("b", 0)]);
+    h.core.input_lag("a", 0, 9);
+    let restoring = h.app.registry.statuses();
+    assert_eq!(restoring[0].lag, None, "no lag while it restores");
+    h.finish_restores();
+    for offset in 50..60 {
+        h.core.record(&h.input, &record("a", 0, offset, b"k"));
+    }
+    h.core.record(&h.input, &record("b", 0, 7, b"k"));
+    let before = h.app.registry.statuses();
+    assert!(before[0].position.is_empty(), "nothing committed yet");
+    h.core.commit(&h.input);
+    h.core.input_lag("a", 0, 5);
+    h.core.input_lag("b", 0, 2);
+    let status = &h.app.registry.statuses()[0];
+    assert_eq!(status.state, TaskState::Running);
+    assert_eq!(status.processed, 11);
+    assert_eq!(
+        status.position,
+        BTreeMap::from([("a".to_string(), 60), ("b".to_string(), 8)])
+    );
+    assert_eq!(status.lag, Some(7));
+}
