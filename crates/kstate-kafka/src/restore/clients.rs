@@ -172,6 +172,16 @@ impl RestoreClients {
         cluster: Arc<RestoreCluster>,
         config: &ChangelogConfig,
     ) -> Result<Self, ChangelogError> {
+        Self::with_settings(cluster, config, &[])
+    }
+
+    /// As [`sharing`](Self::sharing), with `overrides` of the replaying consumer's
+    /// [`RESTORE_FETCH_SETTINGS`] (a follower's fetch wait).
+    pub(crate) fn with_settings(
+        cluster: Arc<RestoreCluster>,
+        config: &ChangelogConfig,
+        overrides: &[(&str, &str)],
+    ) -> Result<Self, ChangelogError> {
         if !cluster.suits(config) {
             return Err(ChangelogError::InvalidConfig {
                 topic: config.topic.clone(),
@@ -184,7 +194,7 @@ impl RestoreClients {
         }
         let client = &config.client;
         let mut consumer = client.client_config();
-        for (key, value) in RESTORE_FETCH_SETTINGS {
+        for (key, value) in RESTORE_FETCH_SETTINGS.iter().chain(overrides) {
             consumer.set(*key, *value);
         }
         let consumer = consumer

@@ -48,12 +48,23 @@ pub use location::StoreLocation;
 /// Once the local queue is full, librdkafka postpones the next fetch by `fetch.queue.backoff.ms`
 /// (1 s by default); a restore drains the queue far sooner and then sat idle, losing most of a
 /// second per million records. 2 MiB fetches with the default queue (100,000 messages) beat
-/// 16 MiB with 200,000 by about 18%: less memory to fault in per response. Public so that a
-/// baseline consumer (the rows-per-second example's) reads with exactly these.
+/// 16 MiB with 200,000 by about 18%: less memory to fault in per response. A changelog written
+/// in transactions ends with a marker, which the position passes only with the fetch after the
+/// last record's, one that finds nothing new: the broker holds such a fetch for
+/// `fetch.wait.max.ms` (500 ms by default), and every restore of a short tail took half a second
+/// more (a restart after a SIGKILL under exactly-once, BENCHMARKS.md). Public so that a baseline
+/// consumer (the rows-per-second example's) reads with exactly these. A follower, which waits
+/// for new records for as long as it runs, keeps the default wait ([`FOLLOW_FETCH_WAIT`]).
 pub const RESTORE_FETCH_SETTINGS: &[(&str, &str)] = &[
     ("fetch.queue.backoff.ms", "10"),
     ("max.partition.fetch.bytes", "2097152"),
+    ("fetch.wait.max.ms", "10"),
 ];
+
+/// A follower's (a standby's) `fetch.wait.max.ms`: librdkafka's default. It waits for new
+/// records for as long as it runs, and a short wait would make it ask the broker a hundred times
+/// a second.
+pub(crate) const FOLLOW_FETCH_WAIT: (&str, &str) = ("fetch.wait.max.ms", "500");
 
 /// Checks a replayed record before it is applied, e.g. that the typed layer can decode it.
 /// A rejected record fails the restore with an error naming topic, partition and offset.
@@ -250,7 +261,11 @@ pub fn follow_changelog(
         record_check: None,
         cancel: Some(stop.clone()),
     };
-    let clients = RestoreClients::new(config)?;
+    let clients = RestoreClients::with_settings(
+        Arc::new(RestoreCluster::new(config)?),
+        config,
+        &[FOLLOW_FETCH_WAIT],
+    )?;
     let location = location.into();
     let restored = restore(&location, options, config, &hooks, &clients, true)?;
     restored.store.close()?;
