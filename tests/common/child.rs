@@ -280,20 +280,31 @@ impl Copies {
     }
 
     /// An error if a copy in `slots` saw a foreign write to a changelog and did not restore
-    /// the task again for it (the recovery from a paused member's aborted records, which land
-    /// in the partition after the new owner's restore).
+    /// the task again for it afterwards (the recovery from a paused member's aborted records,
+    /// which land in the partition after the new owner's restore). Judged per copy, in the
+    /// order of its log: one foreign write can poison a store more than once (its own
+    /// deliveries and its transaction's each log it), and one restore recovers them all.
     pub fn check_foreign_writes_recovered(&self, slots: &[usize]) -> anyhow::Result<()> {
-        let foreign = self
-            .grep_logs(slots, &FOREIGN_WRITE)
-            .into_iter()
-            .filter(|l| l.contains("changelog poisoned"))
-            .count();
-        let recovered = self.grep_logs(slots, &[RESTORED_AGAIN]).len();
-        anyhow::ensure!(
-            recovered >= foreign,
-            "{foreign} foreign writes poisoned a store, {recovered} restores again followed\n{}",
-            self.logs()
-        );
+        for &slot in slots {
+            let text = std::fs::read_to_string(&self.copies[slot].log).unwrap_or_default();
+            let mut unrecovered: Option<&str> = None;
+            for line in text.lines() {
+                if line.contains("changelog poisoned")
+                    && FOREIGN_WRITE.iter().any(|w| line.contains(w))
+                {
+                    unrecovered.get_or_insert(line);
+                } else if line.contains(RESTORED_AGAIN) {
+                    unrecovered = None;
+                }
+            }
+            if let Some(line) = unrecovered {
+                anyhow::bail!(
+                    "copy {slot}: a foreign write poisoned a store and no restore again followed: \
+                     {line}\n{}",
+                    self.logs()
+                );
+            }
+        }
         Ok(())
     }
 
