@@ -39,6 +39,8 @@ const LOG_TAIL_LINES: usize = 80;
 const FOREIGN_WRITE: [&str; 2] = ["ForeignWrite", "another writer appended"];
 /// What the worker logs when it restores a task whose store disagreed with its changelog.
 const RESTORED_AGAIN: &str = "a store disagrees with its changelog: restoring the task again";
+/// What the worker logs when a rebalance takes its tasks away.
+const TASKS_CLOSED: &str = "committing and closing tasks";
 
 pub struct Copy {
     pub slot: usize,
@@ -280,10 +282,12 @@ impl Copies {
     }
 
     /// An error if a copy in `slots` saw a foreign write to a changelog and did not restore
-    /// the task again for it afterwards (the recovery from a paused member's aborted records,
-    /// which land in the partition after the new owner's restore). Judged per copy, in the
-    /// order of its log: one foreign write can poison a store more than once (its own
-    /// deliveries and its transaction's each log it), and one restore recovers them all.
+    /// the task again for it afterwards, or closed its tasks in a rebalance (the transaction is
+    /// aborted and the next owner restores from the changelog): the recovery from a paused
+    /// member's aborted records, which land in the partition after the new owner's restore.
+    /// Judged per copy, in the order of its log: one foreign write can poison a store more
+    /// than once (its own deliveries and its transaction's each log it), and one restore
+    /// recovers them all.
     pub fn check_foreign_writes_recovered(&self, slots: &[usize]) -> anyhow::Result<()> {
         for &slot in slots {
             let text = std::fs::read_to_string(&self.copies[slot].log).unwrap_or_default();
@@ -293,7 +297,7 @@ impl Copies {
                     && FOREIGN_WRITE.iter().any(|w| line.contains(w))
                 {
                     unrecovered.get_or_insert(line);
-                } else if line.contains(RESTORED_AGAIN) {
+                } else if line.contains(RESTORED_AGAIN) || line.contains(TASKS_CLOSED) {
                     unrecovered = None;
                 }
             }
