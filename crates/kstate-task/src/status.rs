@@ -76,9 +76,18 @@ pub(crate) struct CommittedSoFar {
 
 impl CommittedSoFar {
     /// A commit covered `processed` more records and left the task at `position`.
-    pub(crate) fn add(&self, processed: u64, position: impl Iterator<Item = (String, i64)>) {
+    /// A topic's name is copied only the first time (commits run every commit interval).
+    pub(crate) fn add<'a>(&self, processed: u64, position: impl Iterator<Item = (&'a str, i64)>) {
         self.processed.fetch_add(processed, Ordering::Relaxed);
-        lock(&self.position).extend(position);
+        let mut stored = lock(&self.position);
+        for (topic, next) in position {
+            match stored.get_mut(topic) {
+                Some(at) => *at = next,
+                None => {
+                    stored.insert(topic.to_string(), next);
+                }
+            }
+        }
     }
 }
 

@@ -405,7 +405,7 @@ impl Task {
             self.processed_since_commit,
             self.offsets
                 .iter()
-                .map(|(topic, at)| (topic.clone(), at.next)),
+                .map(|(topic, at)| (topic.as_str(), at.next)),
         );
         metrics::counter!("kstate_task_records_processed").increment(self.processed_since_commit);
         self.processed_since_commit = 0;
