@@ -5,7 +5,7 @@
   picture the SAMZA-543 listing describes in text (rows written on the y axis, milliseconds on
   the x axis; a steeper line is a faster store).
 - A tasks-per-process table (`{"tasks": [{"n", "system", "fresh_s", "restart_s",
-  "rss_fresh_mb", "rss_restart_mb"}, ...]}`, the table of BENCHMARKS.md's many-tasks section):
+  "rss_fresh_mb", "rss_restart_mb"}, ...]}`, the table of BENCHMARKS.md's "Many tasks per process"):
   time until every task runs and resident memory against the number of tasks, log-log, each
   system beside a line of linear growth from its smallest N.
 

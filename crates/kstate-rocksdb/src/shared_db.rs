@@ -4,7 +4,7 @@
 //! A RocksDB instance costs about 11 ms of CPU to open (a third of it RocksDB writing, syncing
 //! and reading back its OPTIONS file, which no option turns off), about 400 KB of memory and 9
 //! file descriptors, however little it holds (`benches/rocksdb_open.rs`, BENCHMARKS.md, "Many
-//! tasks in one process"). With a RocksDB per task a process of 1,000 tasks spent 5.7 s of a
+//! tasks per process"). With a RocksDB per task a process of 1,000 tasks spent 5.7 s of a
 //! 6.8 s restart opening them and held 400 MB for the instances alone. Here the process opens
 //! one: column family `store.<name>` holds store `name` of every task, each task's keys under
 //! its 4-byte prefix (the task number, big-endian, so a task's keys are one contiguous range

@@ -4,7 +4,7 @@
 //! Kafka Streams opens a RocksDB per store per task; with hundreds of tasks a process holds
 //! thousands of them, each with its own `LOCK`, `MANIFEST`, log file, directory handle, open
 //! SST files and memtables (facebook/rocksdb#10700, #10588). Here a task's stores share one:
-//! measured with 1,000 tasks of 3 stores, see BENCHMARKS.md ("Many tasks in one process").
+//! measured with 1,000 tasks of 3 stores, see BENCHMARKS.md ("Many tasks per process").
 //!
 //! # One consistent point
 //! Writes skip the WAL, so what survives a crash is what was flushed. RocksDB's atomic flush

@@ -4,7 +4,7 @@
 //!
 //! **Why.** A static member that dies never leaves the group; the coordinator removes it after
 //! `session.timeout.ms`, 6 s at the least on the classic protocol (45 s on KIP-848), and that
-//! wait was almost all of a failover with standbys (BENCHMARKS.md, "Failover"). Heartbeating
+//! wait was almost all of a failover with standbys (BENCHMARKS.md, "Failover and restart"). Heartbeating
 //! the broker faster does not help: the session timeout is what the broker waits for.
 //!
 //! **How.** One thread per process writes a beacon (key: the process's name, `<app-id>-<instance-id>`)
