@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# benches/e2e-ab.sh OLD_E2E NEW_E2E: two builds of kstate's end-to-end count-by-key (the
-# `examples/e2e.rs kstate` binary of two commits) on the same input, alternated run by run, so
-# that a change is judged against the machine's noise of the same hour, not against a number
-# from another day.
+# benches/e2e-ab.sh OLD_E2E NEW_E2E: two builds of kstate's end-to-end count-by-key (`e2e
+# kstate`: kstate-bench's e2e binary, $CARGO_TARGET_DIR/release/e2e, built at two commits) on the
+# same input, alternated run by run, so that a change is judged against the machine's noise of
+# the same hour, not against a number from another day.
 #
 # One input of E2E_ROWS keyed records (E2E_PARTITIONS partitions, 10,000 keys) is written once;
 # then ROUNDS rounds, each running OLD then NEW (NEW then OLD on even rounds), at-least-once and

@@ -16,9 +16,26 @@
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
+use clap::Parser;
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_rocksdb::{RocksDbOptions, TaskDb};
-use kstate_bench::flags::Flags;
+use kstate_bench::cli::number;
+
+/// What each RocksDB instance costs a process: task RocksDBs created, closed, and opened again
+/// one after another, timed, with the process's memory, threads and file descriptors.
+#[derive(Debug, Parser)]
+#[command(name = "rocksdb_open")]
+struct Args {
+    /// Task RocksDBs to create and open.
+    #[arg(long, value_parser = number::<usize>, default_value_t = 1000)]
+    tasks: usize,
+    /// Stores (column families) per task RocksDB.
+    #[arg(long, value_parser = number::<usize>, default_value_t = 3)]
+    stores: usize,
+    /// Passed by `cargo bench` to every bench binary; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
 
 /// `VmRSS` (KB) and `Threads` from `/proc/self/status`.
 fn rss_kb_and_threads() -> Result<(u64, u64)> {
@@ -36,11 +53,7 @@ fn rss_kb_and_threads() -> Result<(u64, u64)> {
 }
 
 fn main() -> Result<()> {
-    // `cargo bench` passes `--bench` to every bench binary.
-    let args = std::env::args().skip(1).filter(|a| a != "--bench");
-    let flags = Flags::parse(args)?;
-    let tasks: usize = flags.number("tasks", Some(1000))?;
-    let stores: usize = flags.number("stores", Some(3))?;
+    let Args { tasks, stores, .. } = Args::parse();
     let names: Vec<String> = (0..stores).map(|s| format!("s{s}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let options = RocksDbOptions::new();

@@ -18,6 +18,8 @@
 //! then commits, closes its stores, leaves the group and exits 0. Several copies with the same
 //! application id share the input's partitions.
 //!
+//! `--help` lists every flag.
+//!
 //! `--coalesce` turns on changelog coalescing for `counts` and sends only each key's latest
 //! count per commit interval (Kafka Streams with caching on); without it every record's count
 //! goes out (caching off).
@@ -42,122 +44,92 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
-use kstate::kstate_kafka::{ClientProperties, RestoreListener, RestoreReport, RestoreStart};
-use kstate::kstate_task::{App, AppState, ProcessingGuarantee};
+use anyhow::{Result, bail};
+use clap::Parser;
+use kstate::kstate_core::BoxError;
+use kstate::kstate_kafka::{RestoreListener, RestoreReport, RestoreStart};
+use kstate::kstate_task::{
+    App, AppState, Context, ProcessingGuarantee, Processor, Record, StoreHandle, StoreOptions,
+};
+use kstate_bench::cli::{ClusterArgs, key_value};
 
-#[path = "shared/count_by_key.rs"]
-mod count;
-
+/// count_by_key: counts records per key from --input and sends every count to --output.
+/// Several copies with the same --application-id share the input's partitions; each runs until
+/// SIGTERM or SIGINT, then commits, closes its stores, leaves the group and exits 0.
+#[derive(Debug, Parser)]
+#[command(name = "count_by_key")]
 struct Args {
-    /// The cluster and every client's properties (TLS and SASL settings among them).
-    client: ClientProperties,
+    /// The application id: the consumer group, and the prefix of the changelog topics.
+    #[arg(long)]
     application_id: String,
+    /// An input topic; give it several times for co-partitioned topics (one count over all).
+    #[arg(long = "input", value_name = "TOPIC", required = true)]
     inputs: Vec<String>,
+    /// The output topic: `(key, count as decimal ASCII)` for every input record.
+    #[arg(long, value_name = "TOPIC")]
     output: String,
-    state_dir: PathBuf,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Where the stores live (default: kstate-count-by-key in the temporary directory).
+    #[arg(long, value_name = "PATH")]
+    state_dir: Option<PathBuf>,
+    /// Worker threads.
+    #[arg(long, value_name = "N", default_value_t = 1)]
     threads: usize,
-    /// The process's restorer threads (shared by its workers); the runtime's default when not given.
+    /// The process's restorer threads, shared by its workers (default: the runtime's).
+    #[arg(long, value_name = "N")]
     restore_threads: Option<usize>,
-    commit_interval: Duration,
+    /// How often the workers commit, ms.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    commit_interval_ms: u64,
+    /// Coalesce the counts' changelog and send each key's latest count per commit interval
+    /// (Kafka Streams with caching on); otherwise every record's count goes out.
+    #[arg(long)]
     coalesce: bool,
+    /// A librdkafka property for the input consumers (repeatable), e.g. session.timeout.ms=6000.
+    #[arg(long = "consumer-property", value_name = "KEY=VALUE", value_parser = key_value)]
     consumer_properties: Vec<(String, String)>,
+    /// at-least-once, or exactly-once: one Kafka transaction per worker and commit interval.
+    #[arg(long, default_value_t = ProcessingGuarantee::default())]
     guarantee: ProcessingGuarantee,
+    /// This copy's name in its transactional ids (`<app-id>-<NAME>-<worker>`): a copy restarted
+    /// with the same name fences its previous incarnation at once. Never give two running copies
+    /// the same name.
+    #[arg(long, value_name = "NAME")]
     instance_id: Option<String>,
+    /// Warm standbys of the tasks a failure of another copy would bring this one (with
+    /// --instance-id: static members, the eager range assignor).
+    #[arg(long, value_name = "N", default_value_t = 0)]
     standby_replicas: u32,
-    failure_detection: Option<Duration>,
+    /// Beacon to the other copies and remove one silent for this many ms from the group without
+    /// waiting for its session timeout (with --instance-id).
+    #[arg(long, value_name = "N")]
+    failure_detection_ms: Option<u64>,
 }
 
-const USAGE: &str = "usage: count_by_key --application-id ID --input TOPIC [--input TOPIC]... --output TOPIC \
-    [--bootstrap-servers HOST:PORT] [--client-properties FILE] [--state-dir PATH] [--threads N] [--restore-threads N] [--commit-interval-ms N] \
-    [--guarantee at-least-once|exactly-once] [--instance-id NAME] [--standby-replicas N] [--failure-detection-ms N] [--coalesce] \
-    [--consumer-property KEY=VALUE]...";
+/// Counts records per key in the store `counts`, and sends each record's key with its new
+/// count (decimal ASCII) to `output`, to the input record's partition.
+struct CountByKey {
+    counts: StoreHandle<Vec<u8>, u64>,
+    output: String,
+    /// Send only each key's latest count per commit (and coalesce the changelog).
+    coalesce: bool,
+}
 
-fn parse_args() -> Result<Args> {
-    let mut bootstrap_servers = None;
-    let mut client_properties = None;
-    let (mut application_id, mut inputs, mut output) = (None, Vec::new(), None);
-    let mut state_dir = None;
-    let mut threads = 1;
-    let mut restore_threads = None;
-    let mut commit_interval = Duration::from_millis(100);
-    let mut coalesce = false;
-    let mut consumer_properties = Vec::new();
-    let mut guarantee = ProcessingGuarantee::default();
-    let mut instance_id = None;
-    let mut standby_replicas = 0;
-    let mut failure_detection = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--coalesce" {
-            coalesce = true;
-            continue;
-        }
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value; {USAGE}"))?;
-        match flag.as_str() {
-            "--bootstrap-servers" => bootstrap_servers = Some(value),
-            "--client-properties" => client_properties = Some(PathBuf::from(value)),
-            "--application-id" => application_id = Some(value),
-            "--input" => inputs.push(value),
-            "--output" => output = Some(value),
-            "--state-dir" => state_dir = Some(PathBuf::from(value)),
-            "--consumer-property" => {
-                let (key, value) = value
-                    .split_once('=')
-                    .with_context(|| format!("--consumer-property {value}: expected KEY=VALUE"))?;
-                consumer_properties.push((key.to_string(), value.to_string()));
-            }
-            "--threads" => threads = value.parse().context("--threads")?,
-            "--restore-threads" => {
-                restore_threads = Some(value.parse().context("--restore-threads")?)
-            }
-            "--commit-interval-ms" => {
-                commit_interval =
-                    Duration::from_millis(value.parse().context("--commit-interval-ms")?)
-            }
-            "--guarantee" => guarantee = value.parse()?,
-            "--instance-id" => instance_id = Some(value),
-            "--standby-replicas" => {
-                standby_replicas = value.parse().context("--standby-replicas")?
-            }
-            "--failure-detection-ms" => {
-                failure_detection = Some(Duration::from_millis(
-                    value.parse().context("--failure-detection-ms")?,
-                ))
-            }
-            _ => bail!("unknown flag {flag}; {USAGE}"),
-        }
-    }
-    let application_id =
-        application_id.with_context(|| format!("--application-id is required; {USAGE}"))?;
-    // A properties file (`key=value` lines, librdkafka names: `security.protocol`, `sasl.*`,
-    // `ssl.*`) keeps secrets off the command line.
-    let client = kstate_bench::cluster::required(
-        client_properties.as_deref(),
-        bootstrap_servers.as_deref(),
-    )?;
-    Ok(Args {
-        client,
-        state_dir: state_dir.unwrap_or_else(|| std::env::temp_dir().join("kstate-count-by-key")),
-        application_id,
-        inputs: if inputs.is_empty() {
-            bail!("--input is required; {USAGE}")
+impl Processor for CountByKey {
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        let key = record.key.unwrap_or_default().to_vec();
+        let counts = ctx.store(&self.counts);
+        let count = counts.get(&key)?.unwrap_or(0) + 1;
+        counts.put(&key, &count)?;
+        let text = count.to_string();
+        if self.coalesce {
+            ctx.send_coalesced(&self.output, &key, Some(text.as_bytes()));
         } else {
-            inputs
-        },
-        output: output.with_context(|| format!("--output is required; {USAGE}"))?,
-        threads,
-        restore_threads,
-        commit_interval,
-        coalesce,
-        consumer_properties,
-        guarantee,
-        instance_id,
-        standby_replicas,
-        failure_detection,
-    })
+            ctx.send(&self.output, &key, Some(text.as_bytes()))?;
+        }
+        Ok(())
+    }
 }
 
 /// Prints two lines per store restore to stderr, for operators and for the failover test:
@@ -186,7 +158,7 @@ impl RestoreListener for PrintRestores {
 }
 
 fn main() -> Result<()> {
-    let args = parse_args()?;
+    let args = Args::parse();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -196,14 +168,21 @@ fn main() -> Result<()> {
 async fn run(args: Args) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
 
-    let mut builder = App::builder(args.application_id.clone(), args.client.clone());
+    // A properties file (`key=value` lines, librdkafka names: `security.protocol`, `sasl.*`,
+    // `ssl.*`) keeps secrets off the command line.
+    let client = args.cluster.required()?;
+    let state_dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("kstate-count-by-key"));
+    let mut builder = App::builder(args.application_id.clone(), client);
     for input in &args.inputs {
         builder.input(input.clone());
     }
     builder
-        .state_dir(args.state_dir.clone())
+        .state_dir(state_dir)
         .threads(args.threads)
-        .commit_interval(args.commit_interval)
+        .commit_interval(Duration::from_millis(args.commit_interval_ms))
         .processing_guarantee(args.guarantee)
         .restore_listener(std::sync::Arc::new(PrintRestores));
     if let Some(id) = &args.instance_id {
@@ -214,8 +193,10 @@ async fn run(args: Args) -> Result<()> {
             .static_membership(true)
             .standby_replicas(args.standby_replicas);
     }
-    if let Some(timeout) = args.failure_detection {
-        builder.static_membership(true).failure_detection(timeout);
+    if let Some(ms) = args.failure_detection_ms {
+        builder
+            .static_membership(true)
+            .failure_detection(Duration::from_millis(ms));
     }
     if let Some(n) = args.restore_threads {
         builder.restore_threads(n);
@@ -223,7 +204,17 @@ async fn run(args: Args) -> Result<()> {
     for (key, value) in &args.consumer_properties {
         builder.consumer_property(key.clone(), value.clone());
     }
-    let (app, _) = count::build(&mut builder, &args.output, args.coalesce)?;
+    // The task: the `counts` store, and a `CountByKey` per task.
+    let coalesce = args.coalesce;
+    let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions { coalesce });
+    let output = args.output.clone();
+    let app = builder.build(move |_task| {
+        Box::new(CountByKey {
+            counts: counts.clone(),
+            output: output.clone(),
+            coalesce,
+        })
+    })?;
     let running = app.start()?;
     eprintln!(
         "count_by_key: {} running ({} partitions, {} threads, {})",

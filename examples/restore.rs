@@ -17,16 +17,39 @@
 //! the catch-up path (`restore_batch_records`), which a stale store takes.
 //!
 //! Prints each batch's last offset every 100,000 records (the restore listener) and the totals.
-//! `rows_per_second --restore-topic NAME` makes such a topic.
+//! `rows_per_second --restore-topic NAME` makes such a topic. `--help` lists the flags.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
+use clap::Parser;
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{
     BatchRestored, ChangelogConfig, LoggedStore, OpenHooks, RestoreListener, RestoreStart,
 };
 use kstate::kstate_rocksdb::RocksDbOptions;
+use kstate_bench::cli::ClusterArgs;
+
+/// restore: replays a changelog topic into an empty directory and reports how fast.
+#[derive(Debug, Parser)]
+#[command(name = "restore")]
+struct Args {
+    /// The changelog topic.
+    #[arg(long, value_name = "NAME")]
+    topic: String,
+    /// Its partition to restore.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    partition: i32,
+    /// Records per write batch of the catch-up path (default: the library's).
+    #[arg(long, value_name = "N")]
+    batch: Option<usize>,
+    /// Records per SST file of the bulk path, which an empty directory takes (default: the
+    /// library's).
+    #[arg(long, value_name = "N")]
+    chunk: Option<usize>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
 
 /// Prints progress every 100,000 records.
 #[derive(Default)]
@@ -63,35 +86,14 @@ impl RestoreListener for Progress {
 }
 
 fn main() -> Result<()> {
-    let mut topic = None;
-    let mut partition = 0;
-    let mut batch = None;
-    let mut chunk = None;
-    let mut client_properties: Option<std::path::PathBuf> = None;
-    let mut bootstrap_servers = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--topic" => topic = Some(value),
-            "--partition" => partition = value.parse().context("--partition")?,
-            "--batch" => batch = Some(value.parse().context("--batch")?),
-            "--chunk" => chunk = Some(value.parse().context("--chunk")?),
-            "--client-properties" => client_properties = Some(value.into()),
-            "--bootstrap-servers" => bootstrap_servers = Some(value),
-            _ => bail!(
-                "unknown flag {flag}; usage: restore --topic NAME [--partition N] [--batch N] \
-                 [--chunk N] [--client-properties FILE] [--bootstrap-servers HOST:PORT]"
-            ),
-        }
-    }
-    let topic = topic.context("--topic NAME is required")?;
-    let cluster = kstate_bench::cluster::required(
-        client_properties.as_deref(),
-        bootstrap_servers.as_deref(),
-    )?;
+    let Args {
+        topic,
+        partition,
+        batch,
+        chunk,
+        cluster,
+    } = Args::parse();
+    let cluster = cluster.required()?;
     let mut config = ChangelogConfig::new(cluster, &topic, partition);
     if let Some(batch) = batch {
         config = config.restore_batch_records(batch);

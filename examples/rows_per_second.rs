@@ -24,6 +24,9 @@
 //! adds a librdkafka property on top, e.g. `compression.type=none`; `--linger-ms N` sets the
 //! logged configurations' producer linger (`ChangelogConfig::linger`).
 //!
+//! `--help` lists the flags and the configurations; counts may use `_` as a digit separator
+//! (`--rows 4_000_000`).
+//!
 //! `--json PATH` also writes every result (with the progress points) for machines;
 //! `benches/chart.py` turns it into the cumulative-rows-against-time chart.
 //!
@@ -62,6 +65,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use kstate::kstate_core::{Batch, KeyValueStore};
 use kstate::kstate_kafka::{
     ChangelogConfig, ClientProperties, Durability, LoggedStore, ProducerConfig, RestoreClients,
@@ -70,6 +74,7 @@ use kstate::kstate_rocksdb::rocksdb::{self, ColumnFamilyDescriptor, DB, WriteOpt
 use kstate::kstate_rocksdb::{
     Compression, METADATA_CF, MemoryBudget, RocksDbOptions, RocksDbStore,
 };
+use kstate_bench::cli::{ClusterArgs, key_value, number};
 use kstate_bench::kafka::{Settled, send, wait_for_leaders};
 use kstate_bench::latency::{Latency, LatencySummary};
 use kstate_bench::progress::Progress;
@@ -79,122 +84,112 @@ use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
 const PROGRESS_EVERY: u64 = 100_000;
 
-/// The command line.
-#[derive(Debug, Clone)]
+/// rows_per_second: how many rows per second each store configuration takes, in the form of
+/// the SAMZA-543 listing, followed by a summary line per configuration.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "rows_per_second")]
 struct Args {
+    /// Rows per configuration (`_` may separate digits).
+    #[arg(long, value_name = "N", value_parser = number::<u64>, default_value_t = 1_000_000)]
     rows: u64,
+    /// Bytes per value.
+    #[arg(long, value_name = "BYTES", value_parser = number::<usize>, default_value_t = 100)]
     value_size: usize,
+    /// Rows per write call (1: `put`; more: a batch).
+    #[arg(long, value_name = "N", value_parser = number::<usize>, default_value_t = 1)]
     batch: usize,
+    /// The configurations to run, comma-separated (default: all; the list is below).
+    #[arg(long, value_name = "A,B,...", value_delimiter = ',', value_parser = known_config)]
     configs: Vec<String>,
+    /// Where the stores go (a temporary directory inside it; default: the system's).
+    #[arg(long, value_name = "PATH")]
     dir: Option<PathBuf>,
+    /// The seed of the rows' order and values.
+    #[arg(long, value_name = "N", value_parser = number::<u64>, default_value_t = 543)]
     seed: u64,
+    /// At most this many rows for `logged-sync`, which waits for every put's acknowledgement.
+    #[arg(long, value_name = "N", value_parser = number::<u64>, default_value_t = 50_000)]
     sync_rows: u64,
+    /// The `logged-group` changelog's topic (it must not exist yet; default: a new one per run).
+    #[arg(long, value_name = "NAME")]
     restore_topic: Option<String>,
+    /// The stores' write buffer, MB (default: the store's).
+    #[arg(long, value_name = "N", value_parser = number::<usize>)]
     write_buffer_mb: Option<usize>,
-    compression: Option<Compression>,
+    /// The stores' compression (default: the store's).
+    #[arg(long, value_enum)]
+    compression: Option<CompressionArg>,
+    /// Thread counts, comma-separated: every configuration runs once per count, one store per
+    /// thread.
+    #[arg(
+        long,
+        value_name = "N[,N...]",
+        value_delimiter = ',',
+        value_parser = number::<usize>,
+        default_values_t = [1]
+    )]
     threads: Vec<usize>,
-    client_properties_file: Option<PathBuf>,
-    bootstrap_servers: Option<String>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// A librdkafka property on top of the cluster's (repeatable), e.g. compression.type=none.
+    #[arg(long = "client-property", value_name = "KEY=VALUE", value_parser = key_value)]
     client_properties: Vec<(String, String)>,
-    linger: Option<Duration>,
+    /// The logged configurations' producer linger, ms (`ChangelogConfig::linger`).
+    #[arg(long, value_name = "N", value_parser = number::<u64>)]
+    linger_ms: Option<u64>,
+    /// Also write every result, with the progress points, as JSON (for benches/chart.py).
+    #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
 }
 
-const USAGE: &str = "usage: rows_per_second [--rows N] [--value-size BYTES] [--batch N] \
-[--configs a,b,...] [--dir PATH] [--seed N] [--sync-rows N] [--restore-topic NAME] \
-[--write-buffer-mb N] [--compression none|lz4|lz4-zstd] [--threads N[,N...]] \
-[--client-properties FILE] [--bootstrap-servers HOST:PORT] [--client-property KEY=VALUE] \
-[--linger-ms N] [--json PATH]";
+/// `--compression`'s values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum CompressionArg {
+    /// No compression.
+    None,
+    /// lz4 on every level.
+    Lz4,
+    /// lz4, and zstd for the bottommost level.
+    Lz4Zstd,
+}
+
+impl From<CompressionArg> for Compression {
+    fn from(arg: CompressionArg) -> Self {
+        match arg {
+            CompressionArg::None => Compression::None,
+            CompressionArg::Lz4 => Compression::Lz4,
+            CompressionArg::Lz4Zstd => Compression::Lz4ThenZstd,
+        }
+    }
+}
+
+/// A configuration's name, if it names one.
+fn known_config(name: &str) -> Result<String> {
+    match config(name) {
+        Some(config) => Ok(config.name.to_string()),
+        None => bail!("unknown configuration '{name}'; known: {}", names()),
+    }
+}
 
 impl Args {
-    fn parse() -> Result<Args> {
-        let mut args = Args {
-            rows: 1_000_000,
-            value_size: 100,
-            batch: 1,
-            configs: CONFIGS.iter().map(|c| c.name.to_string()).collect(),
-            dir: None,
-            seed: 543,
-            sync_rows: 50_000,
-            restore_topic: None,
-            write_buffer_mb: None,
-            compression: None,
-            threads: vec![1],
-            client_properties_file: None,
-            bootstrap_servers: None,
-            client_properties: Vec::new(),
-            linger: None,
-            json: None,
-        };
-        let mut it = std::env::args().skip(1);
-        while let Some(flag) = it.next() {
-            if flag == "--help" || flag == "-h" {
-                println!("{USAGE}\nconfigurations: {}", names());
-                std::process::exit(0);
-            }
-            let value = it
-                .next()
-                .with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
-            let number = |v: &str| -> Result<u64> {
-                v.replace('_', "")
-                    .parse()
-                    .with_context(|| format!("{flag}: '{v}' is not a whole number"))
-            };
-            match flag.as_str() {
-                "--rows" => args.rows = number(&value)?,
-                "--value-size" => args.value_size = usize::try_from(number(&value)?)?,
-                "--batch" => args.batch = usize::try_from(number(&value)?)?.max(1),
-                "--seed" => args.seed = number(&value)?,
-                "--sync-rows" => args.sync_rows = number(&value)?,
-                "--restore-topic" => args.restore_topic = Some(value),
-                "--json" => args.json = Some(PathBuf::from(value)),
-                "--write-buffer-mb" => {
-                    args.write_buffer_mb = Some(usize::try_from(number(&value)?)?)
-                }
-                "--compression" => {
-                    args.compression = Some(match value.as_str() {
-                        "none" => Compression::None,
-                        "lz4" => Compression::Lz4,
-                        "lz4-zstd" => Compression::Lz4ThenZstd,
-                        other => bail!("--compression: '{other}' is not none, lz4 or lz4-zstd"),
-                    })
-                }
-                "--threads" => {
-                    args.threads = value
-                        .split(',')
-                        .map(|n| match number(n)? {
-                            0 => bail!("--threads: 0 threads cannot write anything"),
-                            n => Ok(usize::try_from(n)?),
-                        })
-                        .collect::<Result<_>>()?;
-                    let mut seen = args.threads.clone();
-                    seen.sort_unstable();
-                    seen.dedup();
-                    if seen.len() != args.threads.len() {
-                        bail!(
-                            "--threads: each count at most once (a repeat would reuse its topic)"
-                        );
-                    }
-                }
-                "--client-property" => {
-                    let (key, val) = value.split_once('=').with_context(|| {
-                        format!("--client-property: '{value}' is not KEY=VALUE")
-                    })?;
-                    args.client_properties
-                        .push((key.to_string(), val.to_string()));
-                }
-                "--client-properties" => args.client_properties_file = Some(PathBuf::from(value)),
-                "--bootstrap-servers" => args.bootstrap_servers = Some(value),
-                "--linger-ms" => args.linger = Some(Duration::from_millis(number(&value)?)),
-                "--dir" => args.dir = Some(PathBuf::from(value)),
-                "--configs" => {
-                    args.configs = value.split(',').map(str::to_string).collect();
-                    if let Some(bad) = args.configs.iter().find(|c| config(c).is_none()) {
-                        bail!("unknown configuration '{bad}'; known: {}", names());
-                    }
-                }
-                _ => bail!("unknown flag {flag}\n{USAGE}"),
-            }
+    /// The command line, with the configurations listed under `--help` and the checks clap
+    /// cannot make alone.
+    fn from_command_line() -> Result<Args> {
+        let command =
+            <Args as CommandFactory>::command().after_help(format!("Configurations: {}", names()));
+        let mut args = Args::from_arg_matches(&command.get_matches())?;
+        args.batch = args.batch.max(1);
+        if args.configs.is_empty() {
+            args.configs = CONFIGS.iter().map(|c| c.name.to_string()).collect();
+        }
+        if args.threads.contains(&0) {
+            bail!("--threads: 0 threads cannot write anything");
+        }
+        let mut seen = args.threads.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() != args.threads.len() {
+            bail!("--threads: each count at most once (a repeat would reuse its topic)");
         }
         Ok(args)
     }
@@ -209,7 +204,7 @@ fn store_options(args: &Args) -> RocksDbOptions {
         options = options.write_buffer_size(mb << 20);
     }
     if let Some(compression) = args.compression {
-        options = options.compression(compression);
+        options = options.compression(compression.into());
     }
     options
 }
@@ -657,7 +652,7 @@ fn run_config(
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse()?;
+    let args = Args::from_command_line()?;
     let work = Rows::new(args.rows, args.value_size, args.seed);
     let base = match &args.dir {
         Some(dir) => tempfile::tempdir_in(dir)?,
@@ -686,7 +681,7 @@ fn main() -> Result<()> {
         ),
         restore_topic: args.restore_topic.clone(),
         restore_threads: args.threads[0],
-        linger: args.linger,
+        linger: args.linger_ms.map(Duration::from_millis),
     };
     let mut results: Vec<ConfigResult> = Vec::new();
     let mut skipped = Vec::new();
@@ -824,11 +819,7 @@ fn print_ratios(results: &[ConfigResult]) {
 /// The cluster the flags and the environment name (see the module docs), with
 /// `--client-property` on top; `None` when nothing names one.
 fn cluster(args: &Args) -> Result<Option<ClientProperties>> {
-    let Some(mut cluster) = kstate_bench::cluster::named(
-        args.client_properties_file.as_deref(),
-        args.bootstrap_servers.as_deref(),
-    )?
-    else {
+    let Some(mut cluster) = args.cluster.named()? else {
         return Ok(None);
     };
     for (key, value) in &args.client_properties {

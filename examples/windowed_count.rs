@@ -13,102 +13,147 @@
 //!     [--guarantee at-least-once|exactly-once] [--instance-id NAME]
 //! ```
 //!
-//! The counts live in a window store whose changelog is Kafka Streams' window changelog; its
-//! stream time is stored with it, so a record that was late before a crash is late after it.
-//! Under `--guarantee exactly-once` a `read_committed` reader of the output sees each window's
-//! final count exactly once, through any crash. Runs until SIGTERM or SIGINT.
+//! `--help` lists every flag.
+//!
+//! The counts live in a window store named `counts`, as Kafka Streams' `windowedBy(...).count()`
+//! keeps them (values are 8-byte big-endian counts, its `Long` serde), so its changelog is Kafka
+//! Streams' window changelog; its stream time is stored with it, so a record that was late
+//! before a crash is late after it. Under `--guarantee exactly-once` a `read_committed` reader of
+//! the output sees each window's final count exactly once, through any crash.
+//!
+//! How "sent once" holds: a record that moves stream time forward first sends every window that
+//! closes up to its timestamp (they are still in the store: its retention is at least size +
+//! grace past their start), then advances the store's stream time. The store keeps that time
+//! with its data, and under exactly-once both commit with the outputs in one transaction: every
+//! window closing at or before the stored stream time has been sent, and no other. A record for a
+//! window that closed is late: not counted, through restarts too.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
-use kstate::kstate_core::WindowOptions;
-use kstate::kstate_kafka::ClientProperties;
-use kstate::kstate_task::{App, AppState, ProcessingGuarantee};
+use anyhow::{Result, bail};
+use clap::Parser;
+use kstate::kstate_core::{BoxError, WindowOptions};
+use kstate::kstate_task::{
+    App, AppState, Context, ProcessingGuarantee, Processor, Record, WindowHandle,
+};
+use kstate_bench::cli::ClusterArgs;
 
-#[path = "shared/windowed_count.rs"]
-mod windowed;
-
+/// windowed_count: counts records per key in time windows and sends each window's final count
+/// once, when stream time passes its end plus the grace. Runs until SIGTERM or SIGINT.
+#[derive(Debug, Parser)]
+#[command(name = "windowed_count")]
 struct Args {
-    client: ClientProperties,
+    /// The application id: the consumer group, and the prefix of the changelog topics.
+    #[arg(long)]
     application_id: String,
+    /// The input topic (the record timestamps are the event time).
+    #[arg(long, value_name = "TOPIC")]
     input: String,
+    /// The output topic: `<key>@<window start ms>` → the window's final count.
+    #[arg(long, value_name = "TOPIC")]
     output: String,
-    state_dir: PathBuf,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Where the stores live (default: kstate-windowed-count in the temporary directory).
+    #[arg(long, value_name = "PATH")]
+    state_dir: Option<PathBuf>,
+    /// Worker threads.
+    #[arg(long, value_name = "N", default_value_t = 1)]
     threads: usize,
-    commit_interval: Duration,
-    windows: WindowOptions,
+    /// How often the workers commit, ms.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    commit_interval_ms: u64,
+    /// The windows' size, seconds.
+    #[arg(long, value_name = "N", default_value_t = 60)]
+    window_secs: u64,
+    /// Hopping windows that start every N seconds (default: tumbling).
+    #[arg(long, value_name = "N")]
+    hop_secs: Option<u64>,
+    /// How long after its end a window still takes late records, seconds.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    grace_secs: u64,
+    /// at-least-once, or exactly-once: one Kafka transaction per worker and commit interval.
+    #[arg(long, default_value_t = ProcessingGuarantee::default())]
     guarantee: ProcessingGuarantee,
+    /// This copy's name in its transactional ids: a copy restarted with the same name fences its
+    /// previous incarnation at once.
+    #[arg(long, value_name = "NAME")]
     instance_id: Option<String>,
 }
 
-const USAGE: &str = "usage: windowed_count --application-id ID --input TOPIC --output TOPIC \
-    [--bootstrap-servers HOST:PORT] [--client-properties FILE] [--state-dir PATH] [--threads N] \
-    [--commit-interval-ms N] [--window-secs N] [--hop-secs N] [--grace-secs N] \
-    [--guarantee at-least-once|exactly-once] [--instance-id NAME]";
+/// Counts records per key and window; sends final counts.
+struct WindowedCount {
+    counts: WindowHandle,
+    windows: WindowOptions,
+    output: String,
+}
 
-fn parse_args() -> Result<Args> {
-    let (mut bootstrap_servers, mut client_properties) = (None, None);
-    let (mut application_id, mut input, mut output) = (None, None, None);
-    let mut state_dir = None;
-    let mut threads = 1;
-    let mut commit_interval = Duration::from_millis(100);
-    let (mut window_secs, mut hop_secs, mut grace_secs) = (60u64, None, 10u64);
-    let mut guarantee = ProcessingGuarantee::default();
-    let mut instance_id = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value; {USAGE}"))?;
-        match flag.as_str() {
-            "--bootstrap-servers" => bootstrap_servers = Some(value),
-            "--client-properties" => client_properties = Some(PathBuf::from(value)),
-            "--application-id" => application_id = Some(value),
-            "--input" => input = Some(value),
-            "--output" => output = Some(value),
-            "--state-dir" => state_dir = Some(PathBuf::from(value)),
-            "--threads" => threads = value.parse().context("--threads")?,
-            "--commit-interval-ms" => {
-                commit_interval =
-                    Duration::from_millis(value.parse().context("--commit-interval-ms")?)
-            }
-            "--window-secs" => window_secs = value.parse().context("--window-secs")?,
-            "--hop-secs" => hop_secs = Some(value.parse::<u64>().context("--hop-secs")?),
-            "--grace-secs" => grace_secs = value.parse().context("--grace-secs")?,
-            "--guarantee" => guarantee = value.parse()?,
-            "--instance-id" => instance_id = Some(value),
-            _ => bail!("unknown flag {flag}; {USAGE}"),
+/// A stored count: 8 bytes big-endian, Kafka Streams' `Long` serde.
+fn decode(count: &[u8]) -> Result<i64, BoxError> {
+    Ok(i64::from_be_bytes(count.try_into().map_err(|_| {
+        format!("a count of {} bytes, not 8", count.len())
+    })?))
+}
+
+impl WindowedCount {
+    /// Sends every window that closes after `from` and at or before `to`.
+    fn send_closed(&self, ctx: &mut Context<'_>, from: i64, to: i64) -> Result<(), BoxError> {
+        let w = &self.windows;
+        let (after, until) = (
+            from - w.size_ms() - w.grace_ms(),
+            to - w.size_ms() - w.grace_ms(),
+        );
+        // Window starts are multiples of the advance: most records close none.
+        if until.div_euclid(w.advance_ms()) == after.div_euclid(w.advance_ms()) {
+            return Ok(());
         }
+        let counts = ctx.window_store(&self.counts);
+        let mut closed = Vec::new();
+        for entry in counts.fetch_all(after + 1..=until)? {
+            let entry = entry?;
+            closed.push((entry.key().to_vec(), entry.start(), decode(entry.value())?));
+        }
+        for (key, start, count) in closed {
+            let mut out = key;
+            out.extend_from_slice(format!("@{start}").as_bytes());
+            ctx.send(&self.output, &out, Some(count.to_string().as_bytes()))?;
+        }
+        Ok(())
     }
-    let size = Duration::from_secs(window_secs);
-    let windows = match hop_secs {
-        None => WindowOptions::tumbling(size),
-        Some(hop) => WindowOptions::hopping(size, Duration::from_secs(hop)),
+}
+
+impl Processor for WindowedCount {
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        let time = record
+            .timestamp
+            .ok_or("a record without a timestamp cannot be windowed")?;
+        let key = record.key.unwrap_or_default();
+        let before = ctx.window_store(&self.counts).stream_time();
+        if let Some(before) = before
+            && time > before
+        {
+            self.send_closed(ctx, before, time)?;
+        }
+        let counts = ctx.window_store(&self.counts);
+        counts.observe(time)?;
+        let now = counts.stream_time().unwrap_or(time);
+        for start in self.windows.windows_containing(time) {
+            if self.windows.closes_at(start) <= now {
+                continue; // late: its window's final count was sent already
+            }
+            let count = match counts.get(key, start)? {
+                Some(bytes) => decode(&bytes)? + 1,
+                None => 1,
+            };
+            counts.put(key, start, Some(&count.to_be_bytes()))?;
+        }
+        Ok(())
     }
-    .grace(Duration::from_secs(grace_secs));
-    windows.validate("counts")?;
-    let client = kstate_bench::cluster::required(
-        client_properties.as_deref(),
-        bootstrap_servers.as_deref(),
-    )?;
-    Ok(Args {
-        client,
-        application_id: application_id
-            .with_context(|| format!("--application-id is required; {USAGE}"))?,
-        input: input.with_context(|| format!("--input is required; {USAGE}"))?,
-        output: output.with_context(|| format!("--output is required; {USAGE}"))?,
-        state_dir: state_dir.unwrap_or_else(|| std::env::temp_dir().join("kstate-windowed-count")),
-        threads,
-        commit_interval,
-        windows,
-        guarantee,
-        instance_id,
-    })
 }
 
 fn main() -> Result<()> {
-    let args = parse_args()?;
+    let args = Args::parse();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -118,25 +163,46 @@ fn main() -> Result<()> {
 async fn run(args: Args) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
 
-    let mut builder = App::builder(args.application_id.clone(), args.client.clone());
+    let size = Duration::from_secs(args.window_secs);
+    let windows = match args.hop_secs {
+        None => WindowOptions::tumbling(size),
+        Some(hop) => WindowOptions::hopping(size, Duration::from_secs(hop)),
+    }
+    .grace(Duration::from_secs(args.grace_secs));
+    windows.validate("counts")?;
+    let client = args.cluster.required()?;
+    let state_dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("kstate-windowed-count"));
+    let mut builder = App::builder(args.application_id.clone(), client);
     builder
         .input(args.input.clone())
-        .state_dir(args.state_dir.clone())
+        .state_dir(state_dir)
         .threads(args.threads)
-        .commit_interval(args.commit_interval)
+        .commit_interval(Duration::from_millis(args.commit_interval_ms))
         .processing_guarantee(args.guarantee);
     if let Some(id) = &args.instance_id {
         builder.instance_id(id.clone());
     }
-    let (app, _counts) = windowed::build(&mut builder, args.windows, &args.output)?;
+    // The task: the `counts` window store, and a `WindowedCount` per task.
+    let counts = builder.window_store("counts", windows);
+    let output = args.output.clone();
+    let app = builder.build(move |_task| {
+        Box::new(WindowedCount {
+            counts: counts.clone(),
+            windows,
+            output: output.clone(),
+        })
+    })?;
     let running = app.start()?;
     eprintln!(
         "windowed_count: {} running ({} partitions, windows of {} ms every {} ms, grace {} ms, {})",
         args.application_id,
         running.partitions(),
-        args.windows.size_ms(),
-        args.windows.advance_ms(),
-        args.windows.grace_ms(),
+        windows.size_ms(),
+        windows.advance_ms(),
+        windows.grace_ms(),
         args.guarantee
     );
     let mut term = signal(SignalKind::terminate())?;

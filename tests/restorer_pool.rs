@@ -9,8 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-#[path = "../examples/shared/count_by_key.rs"]
-mod count;
+use kstate_bench::topology::count_by_key as count;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-//! The windowed count (`examples/shared/windowed_count.rs`: per key, counts in tumbling
+//! The windowed count (`kstate_bench::topology::windowed_count`: per key, counts in tumbling
 //! windows, each window's final count sent once when stream time passes its end plus the grace)
 //! under SIGKILL, in child processes of this test binary (`child_windowed`; `common::child`).
 //!
@@ -21,8 +21,7 @@
 
 mod common;
 
-#[path = "../examples/shared/windowed_count.rs"]
-mod windowed;
+use kstate_bench::topology::windowed_count as windowed;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -8,8 +8,9 @@
 #   3. the same app in `puts` mode puts ROWS records into a logged store through a topology;
 #   4. end to end, on a fresh E2E_PARTITIONS-partition input of E2E_ROWS keyed records (10,000
 #      keys): `groupByKey().count()` to an output topic in Kafka Streams (caching off, then on)
-#      and kstate's count-by-key task (`examples/e2e.rs kstate`, coalescing off, then on), and a
-#      bare rdkafka pipe doing the same broker work with no state (consume one, produce two);
+#      and kstate's count-by-key task (`e2e kstate`, kstate-bench's e2e binary, coalescing off,
+#      then on), and a bare rdkafka pipe doing the same broker work with no state (consume one,
+#      produce two);
 #      then both count-by-keys again exactly-once, caching off (Kafka Streams:
 #      processing.guarantee=exactly_once_v2, commit.interval.ms=100; kstate: `--guarantee
 #      exactly-once`, one transaction per worker and commit interval); each measured by
@@ -41,7 +42,7 @@
 #      count checked against the input: `e2e measure --expect window-updates`), then
 #      at-least-once emitting only final counts (Kafka Streams `emitStrategy(onWindowClose())`
 #      with its store's retention raised to 10 minutes, without which it lost windows: see the
-#      README; kstate examples/shared/windowed_count.rs), measured by `e2e measure --expect
+#      README; kstate kstate_bench::topology::windowed_count), measured by `e2e measure --expect
 #      windows`: the same
 #      clock and rate, and every output checked against the input (the log gives each system's
 #      windows sent of those that closed: Kafka Streams sends closed windows at most once a
@@ -80,7 +81,7 @@
 #   KAFKA_BOOTSTRAP_SERVERS  use this broker when CLIENT_PROPERTIES is not given; otherwise
 #                            scripts/kafka start (stopped at the end only if this script
 #                            started it)
-#   KSTATE_ROWS_PER_SECOND   kstate's example binary (default
+#   KSTATE_ROWS_PER_SECOND   kstate's rows_per_second example binary (default
 #                            $HOME/.cache/kstate-target/release/examples/rows_per_second)
 #   KS_JAVA_OPTS             extra JVM options for the Kafka Streams runs (space-separated)
 #   E2E_ROWS                 records of the end-to-end runs (default: ROWS)
@@ -108,7 +109,11 @@
 #                            the failover's and the recovery's settings (see failover.sh;
 #                            FAILOVER_MODE is set by this script: takeover for 5., restart
 #                            for 6.)
-#   KSTATE_E2E               kstate's e2e example binary (default next to rows_per_second)
+#   KSTATE_E2E               kstate's e2e benchmark binary (kstate-bench; default
+#                            $HOME/.cache/kstate-target/release/e2e: in the release directory
+#                            above rows_per_second's examples/)
+#   KSTATE_COUNT_BY_KEY      kstate's count_by_key example binary, for the failover and the
+#                            recovery (default next to rows_per_second)
 #   KEEP_TOPICS=1            keep the topics (and consumer groups) instead of deleting them
 #   LOG_DIR                  where the raw outputs go (default: a new temp dir, kept)
 set -euo pipefail
@@ -119,7 +124,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROWS=${1:-${ROWS:-1000000}}
 ROWS=${ROWS//_/}
 KSTATE_BIN=${KSTATE_ROWS_PER_SECOND:-$HOME/.cache/kstate-target/release/examples/rows_per_second}
-E2E_BIN=${KSTATE_E2E:-$(dirname "$KSTATE_BIN")/e2e}
+E2E_BIN=${KSTATE_E2E:-$(dirname "$(dirname "$KSTATE_BIN")")/e2e}
+# failover.sh's kstate copies: the count_by_key example, beside rows_per_second.
+COUNT_BIN=${KSTATE_COUNT_BY_KEY:-$(dirname "$KSTATE_BIN")/count_by_key}
 E2E_ROWS=${E2E_ROWS:-$ROWS}
 E2E_PARTITIONS=${E2E_PARTITIONS:-4}
 ONLY=${ONLY:-all}
@@ -168,10 +175,10 @@ fi
 # rows_per_second runs in the base part only; every other part needs only e2e.
 if [[ ($want_base == 1 && ! -x $KSTATE_BIN) || ! -x $E2E_BIN ]]; then
     cat >&2 <<EOF
-compare.sh: kstate's example binaries are missing: $KSTATE_BIN, $E2E_BIN
-Build it with:
+compare.sh: kstate's binaries are missing: $KSTATE_BIN, $E2E_BIN
+Build them with:
   cd $ROOT && CARGO_TARGET_DIR=\$HOME/.cache/kstate-target cargo build --release --workspace --all-targets
-(or set KSTATE_ROWS_PER_SECOND to a built rows_per_second binary)
+(or set KSTATE_ROWS_PER_SECOND and KSTATE_E2E to built rows_per_second and e2e binaries)
 EOF
     exit 1
 fi
@@ -409,8 +416,8 @@ fi
 failover_line=
 if [[ $want_failover == 1 ]]; then
     log "e. failover (failover.sh; logs in $LOG_DIR/failover)"
-    KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/failover \
-        FAILOVER_MODE=takeover "$HERE/failover.sh" | tee "$LOG_DIR/failover.out"
+    KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_E2E=$E2E_BIN KSTATE_COUNT_BY_KEY=$COUNT_BIN \
+        LOG_DIR=$LOG_DIR/failover FAILOVER_MODE=takeover "$HERE/failover.sh" | tee "$LOG_DIR/failover.out"
     failover_line=$(grep '^failover kafka-streams=' "$LOG_DIR/failover.out" | tail -n 1)
     [[ -n $failover_line ]] || die "failover.sh printed no result line"
     touch_lease
@@ -419,8 +426,8 @@ fi
 failover_standby_line=
 if [[ $want_failover_standby == 1 ]]; then
     log "e'. failover with a standby replica on both (failover.sh, FAILOVER_STANDBYS=1; logs in $LOG_DIR/failover-standby)"
-    KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/failover-standby \
-        FAILOVER_MODE=takeover FAILOVER_STANDBYS=1 "$HERE/failover.sh" | tee "$LOG_DIR/failover-standby.out"
+    KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_E2E=$E2E_BIN KSTATE_COUNT_BY_KEY=$COUNT_BIN \
+        LOG_DIR=$LOG_DIR/failover-standby FAILOVER_MODE=takeover FAILOVER_STANDBYS=1 "$HERE/failover.sh" | tee "$LOG_DIR/failover-standby.out"
     failover_standby_line=$(grep '^failover-standby kafka-streams=' "$LOG_DIR/failover-standby.out" | tail -n 1)
     [[ -n $failover_standby_line ]] || die "failover.sh (standbys) printed no result line"
     touch_lease
@@ -431,8 +438,8 @@ fi
 recovery_line=
 if [[ $want_recovery == 1 ]]; then
     log "f. recovery under exactly-once (failover.sh, FAILOVER_MODE=restart; logs in $LOG_DIR/recovery)"
-    KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_BIN_DIR=$(dirname "$E2E_BIN") LOG_DIR=$LOG_DIR/recovery \
-        FAILOVER_MODE=restart "$HERE/failover.sh" | tee "$LOG_DIR/recovery.out"
+    KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP KSTATE_E2E=$E2E_BIN KSTATE_COUNT_BY_KEY=$COUNT_BIN \
+        LOG_DIR=$LOG_DIR/recovery FAILOVER_MODE=restart "$HERE/failover.sh" | tee "$LOG_DIR/recovery.out"
     recovery_line=$(grep '^recovery-eos kafka-streams=' "$LOG_DIR/recovery.out" | tail -n 1)
     [[ -n $recovery_line ]] || die "failover.sh (restart) printed no result line"
     touch_lease

@@ -3,7 +3,7 @@
 # Kafka Streams on one broker. Two modes (FAILOVER_MODE):
 #
 # takeover (the default), at-least-once. For each system in turn:
-#   1. two copies of the count-by-key application (kstate: examples/count_by_key; Kafka Streams:
+#   1. two copies of the count-by-key application (kstate: the count_by_key example; Kafka Streams:
 #      this folder's jar in `serve` mode, caching off) in one group, each with its own state dir,
 #      process an input of FAILOVER_ROWS unique keys of FAILOVER_KEY_BYTES bytes over
 #      FAILOVER_PARTITIONS partitions: about FAILOVER_ROWS * FAILOVER_KEY_BYTES / 2 bytes of state
@@ -67,7 +67,10 @@
 # SESSION_TIMEOUT_MS (6000), HEARTBEAT_MS (500), FAILOVER_RESTORE_THREADS (kstate's restorer
 # threads, one pool per process; default: the runtime's, as many as workers and at least 2),
 # FAILOVER_SYSTEMS (default "kafka-streams kstate"; one of them prints no comparison),
-# KS_JAVA_OPTS, KSTATE_BIN_DIR (default $HOME/.cache/kstate-target/release/examples),
+# KS_JAVA_OPTS, KSTATE_BIN_DIR (the cargo release directory, default
+# $HOME/.cache/kstate-target/release), KSTATE_E2E (kstate-bench's e2e binary, default
+# KSTATE_BIN_DIR/e2e), KSTATE_COUNT_BY_KEY (the count_by_key example, default
+# KSTATE_BIN_DIR/examples/count_by_key),
 # KEEP_TOPICS=1, LOG_DIR (default a new temp dir, kept; the state dirs under it are removed).
 # Needs bash 5.1+ (`wait -n -p`) in restart mode.
 set -euo pipefail
@@ -75,9 +78,9 @@ set -euo pipefail
 SCRIPT_NAME=failover.sh
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-BIN_DIR=${KSTATE_BIN_DIR:-$HOME/.cache/kstate-target/release/examples}
-E2E_BIN=$BIN_DIR/e2e
-COUNT_BIN=$BIN_DIR/count_by_key
+BIN_DIR=${KSTATE_BIN_DIR:-$HOME/.cache/kstate-target/release}
+E2E_BIN=${KSTATE_E2E:-$BIN_DIR/e2e}
+COUNT_BIN=${KSTATE_COUNT_BY_KEY:-$BIN_DIR/examples/count_by_key}
 ROWS=${FAILOVER_ROWS:-4000000}
 ROWS=${ROWS//_/}
 KEY_BYTES=${FAILOVER_KEY_BYTES:-512}

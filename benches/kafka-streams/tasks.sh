@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # benches/kafka-streams/tasks.sh [N ...]: what many tasks cost one process, kstate against Kafka
 # Streams on one broker. For each N (default 10 100 1000), one after the other:
-#   1. kstate's examples/tasks_per_process --partitions N: a count-by-key application whose
-#      every task has STORES stores (each counts every record of the task: get + 1, put; the
-#      last count goes to an N-partition output), on a fresh input of N partitions holding
-#      RECORDS_PER_PARTITION records each (keys k0..k3, produced before the clock starts), THREADS
-#      worker threads, coalescing off; started on an empty state dir ("fresh"): the time until
-#      every one of the N tasks runs, and until the group's committed input offsets sum to every
-#      record; stopped; started again on the state it left ("restart"): the time until every task
-#      runs; each start also prints the process's RSS, threads, open fds and RocksDB instances;
+#   1. kstate's tasks_per_process --partitions N (a kstate-bench binary): a count-by-key
+#      application whose every task has STORES stores (each counts every record of the task:
+#      get + 1, put; the last count goes to an N-partition output), on a fresh input of N
+#      partitions holding RECORDS_PER_PARTITION records each (keys k0..k3, produced before the
+#      clock starts), THREADS worker threads, coalescing off; started on an empty state dir
+#      ("fresh"): the time until every one of the N tasks runs, and until the group's committed
+#      input offsets sum to every record; stopped; started again on the state it left
+#      ("restart"): the time until every task runs; each start also prints the process's RSS,
+#      threads, open fds and RocksDB instances;
 #   2. the same on Kafka Streams 4.1.1 (this folder's jar, `tasks` mode: Processor API, the
 #      STORES stores per task persistent RocksDB key-value stores, logging on, caching off,
 #      at_least_once, num.stream.threads=THREADS, no standby, default commit interval;
@@ -38,7 +39,7 @@
 #                             this script started it). CLIENT_PROPERTIES is not supported:
 #                             tasks_per_process takes no client properties file.
 #   KSTATE_TASKS_PER_PROCESS  kstate's binary (default
-#                             $HOME/.cache/kstate-target/release/examples/tasks_per_process)
+#                             $HOME/.cache/kstate-target/release/tasks_per_process)
 #   KS_JAVA_OPTS              extra JVM options for the Kafka Streams runs (space-separated)
 #   STORES (3), RECORDS_PER_PARTITION (10), THREADS (2)
 #                             the same for both sides
@@ -51,7 +52,7 @@ set -euo pipefail
 SCRIPT_NAME=tasks.sh
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-KSTATE_BIN=${KSTATE_TASKS_PER_PROCESS:-$HOME/.cache/kstate-target/release/examples/tasks_per_process}
+KSTATE_BIN=${KSTATE_TASKS_PER_PROCESS:-$HOME/.cache/kstate-target/release/tasks_per_process}
 STORES=${STORES:-3}
 RECORDS_PER_PARTITION=${RECORDS_PER_PARTITION:-10}
 THREADS=${THREADS:-2}
@@ -67,7 +68,7 @@ done
 [[ -z ${KS_COMMIT_INTERVAL_MS:-} || $KS_COMMIT_INTERVAL_MS =~ ^[0-9]+$ ]] ||
     die "KS_COMMIT_INTERVAL_MS must be a whole number (got '$KS_COMMIT_INTERVAL_MS')"
 [[ -z ${CLIENT_PROPERTIES:-} ]] ||
-    die "CLIENT_PROPERTIES is not supported: examples/tasks_per_process takes no client properties file"
+    die "CLIENT_PROPERTIES is not supported: tasks_per_process takes no client properties file"
 [[ -x $KSTATE_BIN ]] || die "$KSTATE_BIN is missing; build it with:
   cd $ROOT && CARGO_TARGET_DIR=\$HOME/.cache/kstate-target cargo build --release --workspace --all-targets"
 LOG_DIR=${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/kstate-tasks.XXXXXX")}

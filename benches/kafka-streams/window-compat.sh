@@ -2,10 +2,11 @@
 # benches/kafka-streams/window-compat.sh: a window changelog written by Kafka Streams restores
 # into kstate window stores with the same (key, window) -> count as Kafka Streams' own store.
 #
-#   1. `window_compat produce` (examples/window_compat.rs) writes RECORDS records over KEYS keys
-#      (k0000..) into a fresh PARTITIONS-partition input, with event timestamps spread over the
-#      last MINUTES one-minute windows: mostly a little out of order, 5% late by up to 20 s (many
-#      within the 10 s grace), 5% late by 20 s to 5 min (dropped by Kafka Streams);
+#   1. `window_compat produce` (crates/kstate-bench/src/bin/window_compat.rs) writes RECORDS
+#      records over KEYS keys (k0000..) into a fresh PARTITIONS-partition input, with event
+#      timestamps spread over the last MINUTES one-minute windows: mostly a little out of order,
+#      5% late by up to 20 s (many within the 10 s grace), 5% late by 20 s to 5 min (dropped by
+#      Kafka Streams);
 #   2. this folder's jar, `WindowBench window-count`, runs
 #      `groupByKey().windowedBy(TimeWindows.ofSizeAndGrace(1 min, 10 s)).count()` (RocksDB
 #      window store "counts", retention RETENTION_MS, caching CACHING) over it until every record
@@ -35,8 +36,8 @@
 #   CACHING        the Kafka Streams store's cache, on (the DSL's default) or off
 #   KAFKA_BOOTSTRAP_SERVERS  the broker (plaintext); otherwise scripts/kafka start (stopped at
 #                  the end only if this script started it)
-#   KSTATE_WINDOW_COMPAT     kstate's window_compat binary (default: built with cargo into
-#                  $CARGO_TARGET_DIR, default ~/.cache/kstate-target)
+#   KSTATE_WINDOW_COMPAT     kstate's window_compat binary (default: kstate-bench's, built with
+#                  cargo into $CARGO_TARGET_DIR/release, default ~/.cache/kstate-target)
 #   KS_JAVA_OPTS   extra JVM options (space-separated)
 #   KEEP_TOPICS=1  keep the input, the changelog and the consumer group
 #   LOG_DIR        where the dumps and logs go (default: a new temp dir, kept)
@@ -81,12 +82,15 @@ if [[ -n ${KSTATE_WINDOW_COMPAT:-} ]]; then
     WINDOW_COMPAT=$KSTATE_WINDOW_COMPAT
 else
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/kstate-target}
-    log "cargo build --release --example window_compat (log: $LOG_DIR/cargo.log)"
-    (cd "$ROOT" && cargo build --release --example window_compat) >"$LOG_DIR/cargo.log" 2>&1 || {
+    # The workspace's binaries and examples, not `-p kstate-bench` alone: a build of one package
+    # resolves its dependencies' features differently from the workspace builds (scripts/test,
+    # the README's), and that would compile RocksDB again; this one is a no-op after them.
+    log "cargo build --release --workspace --bins --examples (log: $LOG_DIR/cargo.log)"
+    (cd "$ROOT" && cargo build --release --workspace --bins --examples) >"$LOG_DIR/cargo.log" 2>&1 || {
         tail -n 40 "$LOG_DIR/cargo.log" >&2
         die "cargo build failed (log: $LOG_DIR/cargo.log)"
     }
-    WINDOW_COMPAT=$CARGO_TARGET_DIR/release/examples/window_compat
+    WINDOW_COMPAT=$CARGO_TARGET_DIR/release/window_compat
 fi
 [[ -x $WINDOW_COMPAT ]] || die "no window_compat binary at $WINDOW_COMPAT"
 

@@ -1,9 +1,11 @@
-//! The cluster an example's command line names. Every example (`count_by_key`, `e2e`,
-//! `rows_per_second`, `restore`) finds its brokers by kstate-kafka's one rule
+//! The cluster a command line names. Every program (the examples `count_by_key`,
+//! `windowed_count`, `rows_per_second`, `restore`; the binaries `e2e`, `window_compat`,
+//! `window_ops`, `tasks_per_process`) finds its brokers by kstate-kafka's one rule
 //! ([`ClientProperties::from_sources`]): a `--client-properties` file's `bootstrap.servers`,
 //! replaced by `--bootstrap-servers`, and [`BOOTSTRAP_ENV`] only when neither names the brokers,
 //! so that a shell's local broker address never receives a secured cluster's credentials. Here
-//! once, so that the examples also agree on what happens when nothing names a cluster.
+//! once, so that the programs also agree on what happens when nothing names a cluster
+//! ([`crate::cli::ClusterArgs`] holds the two flags).
 
 use std::path::Path;
 

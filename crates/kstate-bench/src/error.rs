@@ -1,18 +1,10 @@
-//! One error type for the harness, naming what it was doing (topic, file, flag).
+//! One error type for the harness, naming what it was doing (topic, file).
 
 use std::path::PathBuf;
 
 /// What went wrong while measuring.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    /// A flag is missing or its value does not parse.
-    #[error("--{flag}: {message}")]
-    Flag {
-        /// The flag, without its dashes.
-        flag: String,
-        /// What is wrong with it.
-        message: String,
-    },
     /// A Kafka client call failed.
     #[error("{what}: {source}")]
     Kafka {

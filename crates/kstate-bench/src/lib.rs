@@ -1,26 +1,40 @@
-//! The measuring harness of kstate's benchmark examples.
+//! kstate's benchmark binaries and the measuring harness they share.
 //!
-//! `examples/rows_per_second.rs` (store configurations, rows/s) and `examples/e2e.rs` (the
-//! end-to-end and failover comparisons with Kafka Streams) measure different things but report
-//! them the same way: SAMZA-543 progress lines, latency percentiles from one histogram, a JSON
-//! file for `benches/chart.py`. That code lives here once instead of in each example. It is a
-//! workspace crate (not published, not part of kstate's API) so that its pieces can be tested.
+//! The binaries (`src/bin`, built into `$CARGO_TARGET_DIR/release/<name>`) are the kstate side
+//! of the benchmarks in `benches/kafka-streams` and of BENCHMARKS.md:
+//!
+//! - `e2e`: the end-to-end, latency and failover comparisons with Kafka Streams: the input,
+//!   kstate's count-by-key and windowed runs, the bare rdkafka pipe, and the measures every
+//!   system is judged by (`compare.sh`, `failover.sh`, `benches/e2e-ab.sh`).
+//! - `window_compat`: a Kafka Streams window changelog restored into kstate window stores
+//!   (`window-compat.sh`, run by `scripts/test`).
+//! - `window_ops`: what a window store costs: fetches, segment drops, restores.
+//! - `tasks_per_process`: what many tasks cost one process (`tasks.sh`).
+//!
+//! They and `examples/rows_per_second.rs` (store configurations, rows/s) measure different
+//! things but report them the same way: SAMZA-543 progress lines, latency percentiles from one
+//! histogram, a JSON file for `benches/chart.py`. That code lives here once, in a workspace crate
+//! (not published, not part of kstate's API) so that its pieces can be tested, and so that the
+//! benchmarks stay out of `examples/`, which teach one idea each.
 //!
 //! - [`latency`]: call latencies in an HDR histogram, summarised as p50/p99/p99.9/max.
 //! - [`progress`]: rows done so far across threads, printed and kept as chart points.
 //! - [`report`]: writes a result as pretty JSON.
 //! - [`workload`]: the seeded rows every configuration writes, and wide unique keys.
-//! - [`flags`]: `--name value` command lines.
+//! - [`cli`]: the command-line pieces every program shares (clap derive): the cluster flags and
+//!   counts with digit separators.
 //! - [`cluster`]: the Kafka cluster (and its security) a command line names.
 //! - [`kafka`]: topics, an acknowledged producer, and broker append times of an output topic.
+//! - [`topology`]: the stream tasks the benchmarks (and the task runtime's tests) run.
 
+pub mod cli;
 pub mod cluster;
 pub mod error;
-pub mod flags;
 pub mod kafka;
 pub mod latency;
 pub mod progress;
 pub mod report;
+pub mod topology;
 pub mod workload;
 
 pub use error::BenchError;

@@ -6,7 +6,7 @@
 //! though no write uses it) and directory. SST files come on top, up to the RocksDB's cap
 //! ([`RocksDbOptions::open_files_cap`], 64 by default). With a RocksDB per task, 1,000 tasks of
 //! 3 stores held 10,110 descriptors, ten times the common soft limit of 1,024
-//! (`examples/tasks_per_process.rs`, BENCHMARKS.md); with the cap on one shared RocksDB the
+//! (kstate-bench's `tasks_per_process`, BENCHMARKS.md); with the cap on one shared RocksDB the
 //! count no longer grows with the tasks. At start the soft limit is still raised as far as the
 //! hard limit allows, like servers that open many files do, and a limit below what the process
 //! would need is warned about, with the number to give `ulimit -n`.

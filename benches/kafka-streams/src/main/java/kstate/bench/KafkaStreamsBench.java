@@ -791,8 +791,9 @@ public final class KafkaStreamsBench {
 
     /**
      * The Kafka Streams side of benches/kafka-streams/tasks.sh, the equivalent of kstate's
-     * examples/tasks_per_process.rs: what many tasks cost one process. A count-by-key topology
-     * (Processor API) with {@code --stores} S stores per task, s0..s{S-1}
+     * tasks_per_process (crates/kstate-bench/src/bin/tasks_per_process.rs): what many tasks cost
+     * one process. A count-by-key topology (Processor API) with {@code --stores} S stores per
+     * task, s0..s{S-1}
      * (Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore), ByteArray keys, Long counts,
      * logging on, caching off: kstate's StoreOptions::default has coalescing off), runs on a
      * fresh input of {@code --partitions} N partitions, so this one instance holds N tasks and

@@ -50,7 +50,7 @@ import org.apache.kafka.streams.state.WindowStoreIterator;
 
 /**
  * The Kafka Streams side of kstate's window-store checks (benches/kafka-streams/window-compat.sh
- * and the fetch comparison with examples/window_ops.rs; see README.md, "Window stores").
+ * and the fetch comparison with kstate-bench's window_ops; see README.md, "Window stores").
  *
  * <pre>
  * window-count --bootstrap B --application-id APP --input TOPIC --records N --out FILE

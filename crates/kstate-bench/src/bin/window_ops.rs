@@ -2,11 +2,14 @@
 //! dropped, its changelog restored, and the files it keeps open.
 //!
 //! ```text
-//! cargo run --release --example window_ops -- [fetch] [drop] [restore] \
+//! window_ops [fetch] [drop] [restore] \
 //!     [--keys 1000] [--windows 1440] [--fetches 100000] [--drop-sizes 100000,1000000] \
 //!     [--restore-keys 10000] [--restore-windows 60] [--restore-rounds 3] \
 //!     [--client-properties FILE] [--bootstrap-servers HOST:PORT]
 //! ```
+//!
+//! Built into `$CARGO_TARGET_DIR/release/window_ops` by the workspace's build (`cargo build
+//! --release --workspace --all-targets`); `window_ops --help` lists the flags.
 //!
 //! With no part named, runs all three (`restore` needs a broker: `$KAFKA_BOOTSTRAP_SERVERS`,
 //! `--bootstrap-servers` or a `--client-properties` file).
@@ -39,13 +42,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use kstate::kstate_core::{
-    KeyRange, KeyValueStore, Order, WindowChangelog, WindowOptions, WindowStore,
-};
-use kstate::kstate_kafka::{ChangelogConfig, ClientProperties, Durability, LoggedStore};
-use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
-use kstate_bench::flags::Flags;
+use clap::{Parser, ValueEnum};
+use kstate_bench::cli::{ClusterArgs, number};
 use kstate_bench::latency::Latency;
+use kstate_core::{KeyRange, KeyValueStore, Order, WindowChangelog, WindowOptions, WindowStore};
+use kstate_kafka::{ChangelogConfig, ClientProperties, Durability, LoggedStore};
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore};
 
 const MINUTE: i64 = 60_000;
 const HOUR: i64 = 60 * MINUTE;
@@ -67,37 +69,75 @@ fn key(k: u64) -> Vec<u8> {
     format!("k{k:04}").into_bytes()
 }
 
+/// What a window store costs: a key's hour of windows read back, an expired segment dropped,
+/// its changelog restored, and the files it keeps open.
+#[derive(Debug, Parser)]
+#[command(name = "window_ops")]
+struct Cli {
+    /// The parts to run, in this order (default: all three; restore needs a broker).
+    #[arg(value_enum)]
+    parts: Vec<Part>,
+    /// fetch: keys in the store.
+    #[arg(long, value_parser = number::<u64>, default_value_t = 1000)]
+    keys: u64,
+    /// fetch: one-minute windows per key (more than 60).
+    #[arg(long, value_parser = number::<i64>, default_value_t = 1440)]
+    windows: i64,
+    /// fetch: timed fetches of an hour of windows (after a tenth as many to warm up).
+    #[arg(long, value_parser = number::<u64>, default_value_t = 100_000)]
+    fetches: u64,
+    /// drop: the oldest segment's windows, one store per size, comma-separated.
+    #[arg(
+        long,
+        value_name = "N,N,...",
+        value_delimiter = ',',
+        value_parser = number::<u64>,
+        default_values_t = [100_000, 1_000_000]
+    )]
+    drop_sizes: Vec<u64>,
+    /// restore: keys in the changelog.
+    #[arg(long, value_parser = number::<u64>, default_value_t = 10_000)]
+    restore_keys: u64,
+    /// restore: one-minute windows per key.
+    #[arg(long, value_parser = number::<i64>, default_value_t = 60)]
+    restore_windows: i64,
+    /// restore: rounds of (window store, key-value store, bare consumer); the best of each counts.
+    #[arg(long, value_parser = number::<u32>, default_value_t = 3)]
+    restore_rounds: u32,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+/// A part of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Part {
+    /// An hour of a key's windows read back.
+    Fetch,
+    /// An expired segment dropped.
+    Drop,
+    /// A window changelog restored.
+    Restore,
+}
+
 fn main() -> Result<()> {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let first_flag = args
-        .iter()
-        .position(|a| a.starts_with("--"))
-        .unwrap_or(args.len());
-    let flags = Flags::parse(args.split_off(first_flag).into_iter())?;
-    let mut parts = args;
-    for part in &parts {
-        if !matches!(part.as_str(), "fetch" | "drop" | "restore") {
-            bail!("unknown part {part}: fetch, drop or restore");
-        }
-    }
+    let cli = Cli::parse();
+    let mut parts = cli.parts.clone();
     if parts.is_empty() {
-        parts = vec!["fetch".into(), "drop".into(), "restore".into()];
+        parts = vec![Part::Fetch, Part::Drop, Part::Restore];
     }
     let dir = tempfile::tempdir()?;
-    for part in &parts {
-        match part.as_str() {
-            "fetch" => fetch(&flags, &dir.path().join("fetch"))?,
-            "drop" => drop_segments(&flags, &dir.path().join("drop"))?,
-            _ => restore(&flags, &dir.path().join("restore"))?,
+    for part in parts {
+        match part {
+            Part::Fetch => fetch(&cli, &dir.path().join("fetch"))?,
+            Part::Drop => drop_segments(&cli, &dir.path().join("drop"))?,
+            Part::Restore => restore(&cli, &dir.path().join("restore"))?,
         }
     }
     Ok(())
 }
 
-fn fetch(flags: &Flags, dir: &Path) -> Result<()> {
-    let keys: u64 = flags.number("keys", Some(1000))?;
-    let windows: i64 = flags.number("windows", Some(1440))?;
-    let fetches: u64 = flags.number("fetches", Some(100_000))?;
+fn fetch(cli: &Cli, dir: &Path) -> Result<()> {
+    let (keys, windows, fetches) = (cli.keys, cli.windows, cli.fetches);
     if windows <= 60 {
         bail!("--windows must be more than 60 (an hour of one-minute windows)");
     }
@@ -168,13 +208,8 @@ fn count_files(dir: &Path) -> Result<u64> {
     Ok(n)
 }
 
-fn drop_segments(flags: &Flags, dir: &Path) -> Result<()> {
-    let sizes = flags.optional("drop-sizes").unwrap_or("100000,1000000");
-    for size in sizes.split(',') {
-        let size: u64 = size
-            .replace('_', "")
-            .parse()
-            .with_context(|| format!("--drop-sizes: {size} is not a number"))?;
+fn drop_segments(cli: &Cli, dir: &Path) -> Result<()> {
+    for &size in &cli.drop_sizes {
         drop_one(size, &dir.join(size.to_string()))?;
     }
     Ok(())
@@ -227,14 +262,9 @@ fn drop_one(entries: u64, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn restore(flags: &Flags, dir: &Path) -> Result<()> {
-    let keys: u64 = flags.number("restore-keys", Some(10_000))?;
-    let windows: i64 = flags.number("restore-windows", Some(60))?;
-    let rounds: u32 = flags.number("restore-rounds", Some(3))?;
-    let cluster = kstate_bench::cluster::required(
-        flags.optional("client-properties").map(Path::new),
-        flags.optional("bootstrap-servers"),
-    )?;
+fn restore(cli: &Cli, dir: &Path) -> Result<()> {
+    let (keys, windows, rounds) = (cli.restore_keys, cli.restore_windows, cli.restore_rounds);
+    let cluster = cli.cluster.required()?;
     let topic = format!(
         "window-ops-{}-{}",
         std::process::id(),
@@ -321,4 +351,27 @@ fn restore(flags: &Flags, dir: &Path) -> Result<()> {
     result?;
     deleted?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["window_ops", "drop", "--drop-sizes", "1_000,2000"]);
+        let cli = cli.ok();
+        assert_eq!(
+            cli.as_ref().map(|c| c.parts.clone()),
+            Some(vec![Part::Drop])
+        );
+        assert_eq!(cli.map(|c| c.drop_sizes), Some(vec![1000, 2000]));
+        let defaults = Cli::try_parse_from(["window_ops"]).ok();
+        assert_eq!(
+            defaults.map(|c| c.drop_sizes),
+            Some(vec![100_000, 1_000_000])
+        );
+    }
 }

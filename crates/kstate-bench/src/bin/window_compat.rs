@@ -11,6 +11,9 @@
 //! window_compat delete  --topics T1,T2,... [--groups G1,...]
 //! ```
 //!
+//! Built into `$CARGO_TARGET_DIR/release/window_compat` by the workspace's build (`cargo build
+//! --release --workspace --all-targets`, or `--bins --examples` as window-compat.sh does);
+//! `window_compat <command> --help` lists the flags.
 //! The broker: `--bootstrap-servers`, `--client-properties FILE` or `$KAFKA_BOOTSTRAP_SERVERS`
 //! (`kstate_bench::cluster`).
 //!
@@ -44,40 +47,106 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context as _, Result, bail, ensure};
-use kstate::kstate_core::{
-    KeyRange, KeyValueStore, Order, WindowChangelog, WindowOptions, WindowStore,
-};
-use kstate::kstate_kafka::{ChangelogConfig, ClientProperties, LoggedStore};
-use kstate::kstate_rocksdb::RocksDbOptions;
-use kstate_bench::flags::Flags;
+use anyhow::{Context as _, Result, ensure};
+use clap::{Parser, Subcommand};
+use kstate_bench::cli::{ClusterArgs, number};
 use kstate_bench::kafka::{create_topic, delete_groups, delete_topics, producer, send};
+use kstate_core::{KeyRange, KeyValueStore, Order, WindowChangelog, WindowOptions, WindowStore};
+use kstate_kafka::{ChangelogConfig, ClientProperties, LoggedStore};
+use kstate_rocksdb::RocksDbOptions;
 use rand::{Rng, SeedableRng};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 
-const COMMANDS: &str = "produce|restore|delete";
 const MINUTE: i64 = 60_000;
 
+/// kstate's side of benches/kafka-streams/window-compat.sh: a window changelog written by Kafka
+/// Streams restores into kstate window stores with the same (key, window) -> count.
+#[derive(Debug, Parser)]
+#[command(name = "window_compat")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Creates the input topic and writes records with event times, some late.
+    Produce(ProduceArgs),
+    /// Restores every partition of a window changelog and dumps the windows.
+    Restore(RestoreArgs),
+    /// Deletes topics, then consumer groups (missing ones are fine).
+    Delete(DeleteArgs),
+}
+
+/// `window_compat produce`'s flags.
+#[derive(Debug, clap::Args)]
+struct ProduceArgs {
+    /// The input topic to create.
+    #[arg(long)]
+    input: String,
+    /// Its partitions (records go to them by murmur2, as the Java producer sends them).
+    #[arg(long, value_parser = number::<i32>)]
+    partitions: i32,
+    /// The records to write.
+    #[arg(long, value_parser = number::<u64>)]
+    records: u64,
+    /// Keys k0000.. drawn uniformly from this many (at most 10,000).
+    #[arg(long, value_parser = number::<u64>, default_value_t = 1_000)]
+    keys: u64,
+    /// The event times span this many one-minute windows, ending before the current minute.
+    #[arg(long, value_parser = number::<i64>, default_value_t = 30)]
+    minutes: i64,
+    /// The random generator's seed.
+    #[arg(long, value_parser = number::<u64>, default_value_t = 7)]
+    seed: u64,
+}
+
+/// `window_compat restore`'s flags: the window options must be the Java store's.
+#[derive(Debug, clap::Args)]
+struct RestoreArgs {
+    /// The window changelog topic.
+    #[arg(long)]
+    changelog: String,
+    /// Its partitions.
+    #[arg(long, value_parser = number::<i32>)]
+    partitions: i32,
+    /// Where the sorted `key<TAB>start<TAB>count` lines go.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// The windows' size.
+    #[arg(long, value_parser = number::<u64>, default_value_t = 60_000)]
+    size_ms: u64,
+    /// Their grace.
+    #[arg(long, value_parser = number::<u64>, default_value_t = 10_000)]
+    grace_ms: u64,
+    /// The store's retention (default: size + grace, Kafka Streams' default too).
+    #[arg(long, value_name = "MS", value_parser = number::<u64>)]
+    retention_ms: Option<u64>,
+}
+
+/// `window_compat delete`'s flags.
+#[derive(Debug, clap::Args)]
+struct DeleteArgs {
+    /// Topics to delete, comma-separated.
+    #[arg(long, value_name = "T1,T2,...", value_delimiter = ',')]
+    topics: Vec<String>,
+    /// Consumer groups to delete, comma-separated (waiting up to 2 minutes for each to empty).
+    #[arg(long, value_name = "G1,...", value_delimiter = ',')]
+    groups: Vec<String>,
+}
+
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let command = args
-        .next()
-        .with_context(|| format!("usage: window_compat {COMMANDS} ... (see the module docs)"))?;
-    let flags = Flags::parse(args)?;
-    let client = kstate_bench::cluster::required(
-        flags
-            .optional("client-properties")
-            .map(std::path::Path::new),
-        flags.optional("bootstrap-servers"),
-    )?;
+    let cli = Cli::parse();
+    let client = cli.cluster.required()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    match command.as_str() {
-        "produce" => runtime.block_on(produce(&client, &flags)),
-        "restore" => restore(&client, &flags),
-        "delete" => runtime.block_on(delete(&client, &flags)),
-        _ => bail!("unknown command {command}; usage: window_compat {COMMANDS} ..."),
+    match cli.command {
+        Command::Produce(args) => runtime.block_on(produce(&client, args)),
+        Command::Restore(args) => restore(&client, args),
+        Command::Delete(args) => runtime.block_on(delete(&client, args)),
     }
 }
 
@@ -88,13 +157,15 @@ fn now_ms() -> Result<i64> {
 }
 
 /// The input: see the module docs.
-async fn produce(client: &ClientProperties, flags: &Flags) -> Result<()> {
-    let input = flags.get("input")?;
-    let partitions: i32 = flags.number("partitions", None)?;
-    let records: u64 = flags.number("records", None)?;
-    let keys: u64 = flags.number("keys", Some(1_000))?;
-    let minutes: i64 = flags.number("minutes", Some(30))?;
-    let seed: u64 = flags.number("seed", Some(7))?;
+async fn produce(client: &ClientProperties, args: ProduceArgs) -> Result<()> {
+    let ProduceArgs {
+        input,
+        partitions,
+        records,
+        keys,
+        minutes,
+        seed,
+    } = args;
     ensure!(
         records > 0 && keys > 0 && minutes > 0,
         "records, keys and minutes must be positive"
@@ -125,7 +196,7 @@ async fn produce(client: &ClientProperties, flags: &Flags) -> Result<()> {
             very_late += 1;
             place - rng.random_range(20_000..=300_000)
         };
-        let partition = kstate::kstate_task::partition_for(key.as_bytes(), partitions);
+        let partition = kstate_task::partition_for(key.as_bytes(), partitions);
         send(
             &producer,
             BaseRecord::to(&input)
@@ -148,19 +219,18 @@ async fn produce(client: &ClientProperties, flags: &Flags) -> Result<()> {
 }
 
 /// Restores every partition of the changelog and dumps the windows: see the module docs.
-fn restore(client: &ClientProperties, flags: &Flags) -> Result<()> {
-    let topic = flags.get("changelog")?;
-    let partitions: i32 = flags.number("partitions", None)?;
-    let out = PathBuf::from(flags.get("out")?);
-    let size: u64 = flags.number("size-ms", Some(60_000))?;
-    let grace: u64 = flags.number("grace-ms", Some(10_000))?;
+fn restore(client: &ClientProperties, args: RestoreArgs) -> Result<()> {
+    let RestoreArgs {
+        changelog: topic,
+        partitions,
+        out,
+        size_ms: size,
+        grace_ms: grace,
+        retention_ms,
+    } = args;
     let mut options =
         WindowOptions::tumbling(Duration::from_millis(size)).grace(Duration::from_millis(grace));
-    if let Some(retention) = flags.optional("retention-ms") {
-        let retention: u64 = retention
-            .replace('_', "")
-            .parse()
-            .context("--retention-ms")?;
+    if let Some(retention) = retention_ms {
         options = options.retention(Duration::from_millis(retention));
     }
     eprintln!(
@@ -245,20 +315,12 @@ fn restore(client: &ClientProperties, flags: &Flags) -> Result<()> {
 }
 
 /// Deletes `--topics` and `--groups` (comma-separated).
-async fn delete(client: &ClientProperties, flags: &Flags) -> Result<()> {
-    let list = |name: &str| -> Vec<String> {
-        flags
-            .optional(name)
-            .map(|v| {
-                v.split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default()
+async fn delete(client: &ClientProperties, args: DeleteArgs) -> Result<()> {
+    let list = |names: Vec<String>| -> Vec<String> {
+        names.into_iter().filter(|s| !s.is_empty()).collect()
     };
-    let topics = list("topics");
-    let groups = list("groups");
+    let topics = list(args.topics);
+    let groups = list(args.groups);
     let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
     let group_refs: Vec<&str> = groups.iter().map(String::as_str).collect();
     delete_topics(client.clone(), &topic_refs).await?;
@@ -271,5 +333,28 @@ async fn delete(client: &ClientProperties, flags: &Flags) -> Result<()> {
             Err(e) if Instant::now() >= deadline => return Err(e.into()),
             Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+        let delete = Cli::try_parse_from([
+            "window_compat",
+            "delete",
+            "--topics",
+            "a,b",
+            "--groups",
+            "g",
+        ]);
+        assert!(matches!(
+            delete.map(|c| c.command),
+            Ok(Command::Delete(DeleteArgs { topics, groups })) if topics.len() == 2 && groups.len() == 1
+        ));
     }
 }

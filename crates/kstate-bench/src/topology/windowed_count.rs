@@ -1,5 +1,4 @@
-//! The windowed-count task, shared by `examples/windowed_count.rs` and the tests (each includes
-//! this file with `#[path]`): per key, the number of records in each time window (tumbling, or
+//! The windowed-count task: per key, the number of records in each time window (tumbling, or
 //! hopping), and each window's **final** count sent once, when stream time passes the window's
 //! end plus the grace (Kafka Streams' `suppress(untilWindowCloses)`, or emit-final, KIP-825).
 //!
@@ -14,20 +13,16 @@
 //! window closing at or before the stored stream time has been sent, and no other. A record for a
 //! window that closed is late: not counted, through restarts too.
 
-use kstate::kstate_core::{BoxError, WindowOptions};
-use kstate::kstate_task::{App, AppBuilder, Context, Processor, Record, WindowHandle};
+use kstate_core::{BoxError, WindowOptions};
+use kstate_task::{App, AppBuilder, Context, Processor, Record, TaskError, WindowHandle};
+
+use super::decode_count;
 
 /// Counts records per key and window; sends final counts.
 pub struct WindowedCount {
     counts: WindowHandle,
     windows: WindowOptions,
     output: String,
-}
-
-fn decode(count: &[u8]) -> Result<i64, BoxError> {
-    Ok(i64::from_be_bytes(count.try_into().map_err(|_| {
-        format!("a count of {} bytes, not 8", count.len())
-    })?))
 }
 
 impl WindowedCount {
@@ -46,7 +41,11 @@ impl WindowedCount {
         let mut closed = Vec::new();
         for entry in counts.fetch_all(after + 1..=until)? {
             let entry = entry?;
-            closed.push((entry.key().to_vec(), entry.start(), decode(entry.value())?));
+            closed.push((
+                entry.key().to_vec(),
+                entry.start(),
+                decode_count(entry.value())?,
+            ));
         }
         for (key, start, count) in closed {
             let mut out = key;
@@ -77,7 +76,7 @@ impl Processor for WindowedCount {
                 continue; // late: its window's final count was sent already
             }
             let count = match counts.get(key, start)? {
-                Some(bytes) => decode(&bytes)? + 1,
+                Some(bytes) => decode_count(&bytes)? + 1,
                 None => 1,
             };
             counts.put(key, start, Some(&count.to_be_bytes()))?;
@@ -87,13 +86,13 @@ impl Processor for WindowedCount {
 }
 
 /// Declares the `counts` window store on `builder` and builds the application with a
-/// `WindowedCount` per task sending to `output`; the handle reads the counts of the windows not
-/// yet closed (`Running::query`).
+/// [`WindowedCount`] per task sending to `output`; the handle reads the counts of the windows
+/// not yet closed (`Running::query`).
 pub fn build(
     builder: &mut AppBuilder,
     windows: WindowOptions,
     output: &str,
-) -> anyhow::Result<(App, WindowHandle)> {
+) -> Result<(App, WindowHandle), TaskError> {
     let counts = builder.window_store("counts", windows);
     let output = output.to_string();
     let handle = counts.clone();

@@ -8,8 +8,8 @@
 //! and pending-write (overlays, coalescing caches) usage, and the threads by name (kstate's, RocksDB's, librdkafka's):
 //!
 //! ```text
-//! cargo run --release --example tasks_per_process -- --partitions 1000 [--stores 3] \
-//!     [--records-per-partition 10] [--threads 2] [--restore-threads N] \
+//! tasks_per_process --partitions 1000 [--stores 3] \
+//!     [--records-per-partition 10] [--threads 2] [--restore-threads N] [--deadline-s 600] \
 //!     [--bootstrap-servers HOST:PORT] [--log LEVEL] [--floor]
 //! tasks-open n=<N> start=fresh running_s=<s> processed_s=<s>
 //! tasks-open n=<N> start=restart running_s=<s>
@@ -26,6 +26,10 @@
 //! before a task runs). A fresh start on that broker cannot be faster than its `ends_s`. (A run
 //! of its own: the broker deletes the topics' files for a minute after.)
 //!
+//! Built into `$CARGO_TARGET_DIR/release/tasks_per_process` by the workspace's build (`cargo
+//! build --release --workspace --all-targets`); `tasks_per_process --help` lists the flags.
+//! `--deadline-s` bounds each start (default 600 s).
+//!
 //! The topics (input, output, changelogs), the consumer group and the state directory are
 //! deleted at the end.
 //! `$KAFKA_BOOTSTRAP_SERVERS` names the broker when `--bootstrap-servers` does not. Linux only
@@ -35,19 +39,55 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use kstate::kstate_core::BoxError;
-use kstate::kstate_kafka::ClientProperties;
-use kstate::kstate_rocksdb::MemoryBudget;
-use kstate::kstate_task::{
+use clap::Parser;
+use kstate_bench::cli::number;
+use kstate_bench::kafka::{create_topic, delete_groups, delete_topics, producer, send};
+use kstate_core::BoxError;
+use kstate_kafka::ClientProperties;
+use kstate_rocksdb::MemoryBudget;
+use kstate_task::{
     App, AppState, Context, Processor, Record, Running, StoreHandle, StoreOptions, TaskState,
 };
-use kstate_bench::flags::Flags;
-use kstate_bench::kafka::{create_topic, delete_groups, delete_topics, producer, send};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 use rdkafka::{Offset, TopicPartitionList};
+
+/// What many tasks cost one process: a count-by-key application with --stores stores per task
+/// on an input of --partitions partitions, started fresh, then restarted on the state it left.
+#[derive(Debug, Parser)]
+#[command(name = "tasks_per_process")]
+struct Cli {
+    /// The input's partitions: the tasks the process holds.
+    #[arg(long, value_parser = number::<i32>)]
+    partitions: i32,
+    /// Stores per task (each counts every record of its task).
+    #[arg(long, value_parser = number::<usize>, default_value_t = 3)]
+    stores: usize,
+    /// Records written to every input partition before the clock starts.
+    #[arg(long, value_parser = number::<u64>, default_value_t = 10)]
+    records_per_partition: u64,
+    /// Worker threads.
+    #[arg(long, value_parser = number::<usize>, default_value_t = 2)]
+    threads: usize,
+    /// The process's restorer threads (default: the runtime's).
+    #[arg(long, value_parser = number::<usize>)]
+    restore_threads: Option<usize>,
+    /// How long a start may take before the run gives up, seconds.
+    #[arg(long, value_parser = number::<u64>, default_value_t = 600)]
+    deadline_s: u64,
+    /// Measure only the broker's part of a fresh start: --stores compacted topics of
+    /// --partitions partitions created, until every partition's end offset can be listed.
+    #[arg(long)]
+    floor: bool,
+    /// The brokers; $KAFKA_BOOTSTRAP_SERVERS when not given.
+    #[arg(long, value_name = "HOST:PORT")]
+    bootstrap_servers: Option<String>,
+    /// The runtime's log level on stderr: error, warn, info, debug or trace.
+    #[arg(long, value_name = "LEVEL", default_value = "warn")]
+    log: tracing::Level,
+}
 
 /// Counts every record of its task in each of its stores.
 struct CountInEvery {
@@ -85,16 +125,15 @@ struct Bench {
 }
 
 fn main() -> Result<()> {
+    let cli = Cli::parse();
     // The runtime's warnings (and, with `--log info`, its story) go to stderr.
-    let flags = Flags::parse(std::env::args().skip(1))?;
-    let level: tracing::Level = flags.optional("log").unwrap_or("warn").parse()?;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(level)
+        .with_max_level(cli.log)
         .init();
-    let client = kstate_bench::cluster::required(None, flags.optional("bootstrap-servers"))?;
-    let partitions: i32 = flags.number("partitions", None)?;
-    let per_partition: u64 = flags.number("records-per-partition", Some(10))?;
+    let client = kstate_bench::cluster::required(None, cli.bootstrap_servers.as_deref())?;
+    let partitions = cli.partitions;
+    let per_partition = cli.records_per_partition;
     let run = format!("tasks-{partitions}-{}", std::process::id());
     let bench = Bench {
         client,
@@ -102,20 +141,16 @@ fn main() -> Result<()> {
         input: format!("{run}-in"),
         output: format!("{run}-out"),
         partitions,
-        stores: flags.number("stores", Some(3))?,
-        threads: flags.number("threads", Some(2))?,
-        restore_threads: flags
-            .optional("restore-threads")
-            .map(str::parse)
-            .transpose()
-            .context("--restore-threads")?,
-        deadline: Duration::from_secs(flags.number("deadline-s", Some(600))?),
+        stores: cli.stores,
+        threads: cli.threads,
+        restore_threads: cli.restore_threads,
+        deadline: Duration::from_secs(cli.deadline_s),
         state_dir: tempfile::tempdir()?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    if flags.switch("floor") {
+    if cli.floor {
         return runtime.block_on(bench.broker_floor());
     }
     let result = runtime.block_on(bench.setup(per_partition)).and_then(|()| {
@@ -411,4 +446,22 @@ fn rocksdb_instances(dir: &Path) -> Result<usize> {
         }
     }
     Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["tasks_per_process", "--partitions", "1000", "--floor"]);
+        let cli = cli.ok();
+        assert_eq!(
+            cli.as_ref().map(|c| (c.stores, c.threads, c.deadline_s)),
+            Some((3, 2, 600))
+        );
+        assert!(cli.is_some_and(|c| c.floor && c.records_per_partition == 10));
+    }
 }

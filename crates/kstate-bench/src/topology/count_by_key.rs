@@ -1,10 +1,11 @@
-//! The count-by-key task, shared by `examples/count_by_key.rs`, `examples/e2e.rs` and the task
-//! runtime's tests (each includes this file with `#[path]`): the count per key in a store named
-//! `counts`, and for every input record `(key, count as decimal ASCII)` to the output, same
-//! partition.
+//! The count-by-key task: the count per key in a store named `counts`, and for every input
+//! record `(key, count as decimal ASCII)` to the output, same partition (Kafka Streams'
+//! `groupByKey().count()`).
 
-use kstate::kstate_core::BoxError;
-use kstate::kstate_task::{App, AppBuilder, Context, Processor, Record, StoreHandle, StoreOptions};
+use kstate_core::BoxError;
+use kstate_task::{
+    App, AppBuilder, Context, Processor, Record, StoreHandle, StoreOptions, TaskError,
+};
 
 /// Counts records per key.
 pub struct CountByKey {
@@ -31,13 +32,13 @@ impl Processor for CountByKey {
     }
 }
 
-/// Declares the `counts` store on `builder` and builds the application with a `CountByKey` per
-/// task sending to `output`.
+/// Declares the `counts` store on `builder` and builds the application with a [`CountByKey`]
+/// per task sending to `output`; the handle reads the counts (`Running::query`).
 pub fn build(
     builder: &mut AppBuilder,
     output: &str,
     coalesce: bool,
-) -> anyhow::Result<(App, StoreHandle<Vec<u8>, u64>)> {
+) -> Result<(App, StoreHandle<Vec<u8>, u64>), TaskError> {
     let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions { coalesce });
     let handle = counts.clone();
     let output = output.to_string();
