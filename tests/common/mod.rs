@@ -297,3 +297,22 @@ pub fn captured_logs(level: tracing::Level) -> &'static Mutex<Vec<u8>> {
         Mutex::new(Vec::new())
     })
 }
+
+/// An example's binary, built by `cargo test --release` (which builds the examples) next to
+/// the test binaries.
+pub fn example_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context as _;
+    let exe = std::env::current_exe()?;
+    let release = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .context("test binary has no target directory")?;
+    let binary = release.join("examples").join(name);
+    anyhow::ensure!(
+        binary.exists(),
+        "{} is missing: build it with `cargo test --release` (which builds the examples) or \
+         `cargo build --release --example {name}`",
+        binary.display()
+    );
+    Ok(binary)
+}

@@ -17,6 +17,25 @@
 //!   reach them all; secrets are redacted wherever a config or a client error is shown), and
 //!   first contact goes through a [`ConnectionWatch`], so that a wrong password or an untrusted
 //!   certificate fails an open at once instead of at its timeout.
+//!
+//! ```no_run
+//! use kstate_core::KeyValueStore;
+//! use kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
+//! use kstate_rocksdb::RocksDbOptions;
+//!
+//! // Partition 3 of a task's input; its changelog is partition 3 of "counts-changelog".
+//! let changelog = ChangelogConfig::new("127.0.0.1:9092", "counts-changelog", 3)
+//!     .partitions(12) // created compacted if missing, checked if not
+//!     .durability(Durability::Sync);
+//! // Opening replays what the directory lacks of the changelog.
+//! let store = LoggedStore::open("/var/lib/my-task/counts-3", &RocksDbOptions::default(), changelog)?;
+//! println!("restored {} records", store.restore_report().records);
+//! store.put(b"user-42", b"7")?; // acknowledged by the broker before it returns (Sync)
+//! store.set_durability(Durability::Async); // switched at runtime
+//! store.commit()?; // RocksDB flushed with the changelog offset it reached
+//! store.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(unsafe_code)]
 // `ChangelogError` carries the topic, partition and client error of every failure, which makes it

@@ -317,7 +317,7 @@ fn verify_topic(
 
 /// Creates topic `name` with `partitions`, `replication` and `settings` unless it exists (the
 /// task runtime's own small topics, such as its liveness beacons'; not a changelog, which
-/// [`ensure_topic`] checks).
+/// a store's open checks).
 pub fn create_topic_if_missing(
     client: &crate::ClientProperties,
     name: &str,

@@ -603,7 +603,7 @@ impl KeyValueStore for RocksDbStore {
     }
 
     /// RocksDB's estimate for a store with a column family of its own. A task's store in a
-    /// shared RocksDB is counted while it is small (up to [`COUNTED_LEN`] entries), else
+    /// shared RocksDB is counted while it is small (up to 10,000 entries), else
     /// estimated as the column family's estimate times the task's share of its SST files.
     fn approximate_len(&self) -> Result<u64> {
         self.check_open()?;

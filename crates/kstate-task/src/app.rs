@@ -15,6 +15,7 @@ use rdkafka::consumer::BaseConsumer;
 use crate::config::{AppConfig, ProcessorFactory};
 use crate::error::{TaskError, panic_message};
 use crate::query::{QueryError, Queryable};
+use crate::readiness::Readiness;
 use crate::shared::{AppShared, AppState};
 use crate::standby::StandbyStatus;
 use crate::status::TaskStatus;
@@ -260,6 +261,25 @@ impl Running {
         self.shared.registry.statuses()
     }
 
+    /// Whether this process is ready to be counted on (every worker joined, no task restoring):
+    /// what a readiness probe should serve.
+    pub fn readiness(&self) -> Readiness {
+        match self.state() {
+            AppState::Failed(e) => Readiness::Failed(e),
+            AppState::Stopping | AppState::Stopped => Readiness::Stopping,
+            AppState::Running => {
+                let registry = &self.shared.registry;
+                if registry.workers_joined() < self.shared.config.threads {
+                    return Readiness::Joining;
+                }
+                match registry.restoring_of_all() {
+                    (0, tasks) => Readiness::Ready { tasks },
+                    (restoring, tasks) => Readiness::Restoring { restoring, tasks },
+                }
+            }
+        }
+    }
+
     /// This process's standby tasks ([`AppBuilder::standby_replicas`](crate::AppBuilder::standby_replicas)):
     /// the tasks it follows, how far, and how far behind.
     pub fn standbys(&self) -> Vec<StandbyStatus> {
@@ -282,7 +302,7 @@ impl Running {
     }
 
     /// Read-only queries of a store, routed to the task that owns a partition: a
-    /// [`StoreQuery`] for a key-value store's handle, a [`WindowQuery`](crate::WindowQuery)
+    /// [`StoreQuery`](crate::StoreQuery) for a key-value store's handle, a [`WindowQuery`](crate::WindowQuery)
     /// for a window store's, a [`SessionQuery`](crate::SessionQuery) for a session store's.
     pub fn query<H: Queryable>(&self, handle: &H) -> H::Query<'_> {
         handle.query(self)

@@ -7,7 +7,7 @@
 //! never the other's. Each transition also sets the gauge `kstate_task_tasks{role}`: how many
 //! of the process's tasks restore, run or close (the standby manager sets `role="standby"`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -161,9 +161,31 @@ pub(crate) struct Entry {
 #[derive(Default)]
 pub(crate) struct Registry {
     tasks: Mutex<BTreeMap<(usize, i32), Entry>>,
+    /// The workers that have had an assignment from the group (possibly empty).
+    joined: Mutex<BTreeSet<usize>>,
 }
 
 impl Registry {
+    /// `worker` had an assignment from the group.
+    pub(crate) fn joined(&self, worker: usize) {
+        lock(&self.joined).insert(worker);
+    }
+
+    /// How many workers have had an assignment from the group.
+    pub(crate) fn workers_joined(&self) -> usize {
+        lock(&self.joined).len()
+    }
+
+    /// Active tasks restoring, and all active tasks.
+    pub(crate) fn restoring_of_all(&self) -> (usize, usize) {
+        let tasks = lock(&self.tasks);
+        let restoring = tasks
+            .values()
+            .filter(|e| e.state == TaskState::Restoring)
+            .count();
+        (restoring, tasks.len())
+    }
+
     pub(crate) fn restoring(&self, worker: usize, partition: i32, progress: Arc<Progress>) {
         let mut tasks = lock(&self.tasks);
         tasks.insert(

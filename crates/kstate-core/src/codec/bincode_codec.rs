@@ -18,7 +18,7 @@ use crate::error::BoxError;
 pub const DECODE_LIMIT: usize = 256 << 20;
 
 /// serde values encoded with bincode's standard configuration (little-endian, variable-length
-/// integers), decoded with a [`DECODE_LIMIT`].
+/// integers), decoded with a limit of 256 MiB (`DECODE_LIMIT`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Bincode;
 

@@ -71,7 +71,7 @@ impl WindowEntry {
 ///   [`drop_range`](KeyValueStore::drop_range), when stream time enters a new segment and at
 ///   open.
 /// - **Fetches** seek once per segment: a key's entries are contiguous in each (the layout is
-///   in [`crate::segments`]).
+///   in the `segments` module's docs).
 ///
 /// Iteration order: [`fetch`](Self::fetch) by window start; [`fetch_keys`](Self::fetch_keys)
 /// and [`fetch_all`](Self::fetch_all) segment by segment, and by key, then start, within one.

@@ -230,7 +230,7 @@ impl RestoreClients {
     /// them as a restore does; returns the topics it created. Each restore would create its own
     /// topic otherwise, one after another: with a thousand tasks of three stores, three
     /// 1,000-partition topics took 3, 10 and 10 s in turn (BENCHMARKS.md). Topics found are
-    /// checked (and remembered for [`TOPIC_CHECK_TTL`]) as a restore checks them.
+    /// checked (and remembered for 10 s) as a restore checks them.
     ///
     /// Only for changelogs of stores known to hold no changelog position, such as those of a
     /// task with no local state: a store that holds one never creates its missing changelog

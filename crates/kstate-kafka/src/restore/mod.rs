@@ -54,7 +54,7 @@ pub use location::StoreLocation;
 /// `fetch.wait.max.ms` (500 ms by default), and every restore of a short tail took half a second
 /// more (a restart after a SIGKILL under exactly-once, BENCHMARKS.md). Public so that a baseline
 /// consumer (the rows-per-second example's) reads with exactly these. A follower, which waits
-/// for new records for as long as it runs, keeps the default wait ([`FOLLOW_FETCH_WAIT`]).
+/// for new records for as long as it runs, keeps the default wait of 500 ms.
 pub const RESTORE_FETCH_SETTINGS: &[(&str, &str)] = &[
     ("fetch.queue.backoff.ms", "10"),
     ("max.partition.fetch.bytes", "2097152"),

@@ -141,6 +141,7 @@ impl Core {
     /// Input partitions were assigned: each is paused (an input is fetched only while its task
     /// runs); a task whose every input is now held starts restoring.
     pub(crate) fn assigned(&mut self, input: &dyn Input, partitions: &[InputPartition]) {
+        self.app.registry.joined(self.index);
         if partitions.is_empty() {
             return;
         }

@@ -1,0 +1,135 @@
+//! prometheus: an application's metrics and readiness, served the way operators consume them.
+//!
+//! kstate reports through the `metrics` facade (the series are listed in the README's
+//! "Metrics and health"); any recorder can take them. Here a Prometheus recorder renders them
+//! at `/metrics`, and `/health` answers an orchestrator's readiness probe from
+//! `Running::readiness`: `200` once every task runs, `503` while the group has not assigned
+//! this process yet or any task is still restoring (its inputs paused), with the reason as the
+//! body. The application is a count per key.
+//!
+//! ```text
+//! KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --release --example prometheus -- \
+//!     --application-id counter --input events --output counts [--listen 127.0.0.1:9464]
+//! curl -s 127.0.0.1:9464/health; curl -s 127.0.0.1:9464/metrics
+//! ```
+//!
+//! It prints `prometheus: listening on http://<address>` once serving (`--listen
+//! 127.0.0.1:0` picks a free port), and stops on SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Result;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use clap::Parser;
+use kstate::kstate_core::BoxError;
+use kstate::kstate_task::{App, Context, Processor, Record, Running, StoreHandle, StoreOptions};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// A count per key with its metrics at /metrics and its readiness at /health.
+#[derive(Parser)]
+struct Args {
+    /// The Kafka cluster.
+    #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS")]
+    bootstrap_servers: String,
+    /// The application id: consumer group and changelog topics' prefix.
+    #[arg(long)]
+    application_id: String,
+    /// The input topic.
+    #[arg(long)]
+    input: String,
+    /// The output topic: each key's count, as decimal text, for every input record.
+    #[arg(long)]
+    output: String,
+    /// Where the application keeps its RocksDB.
+    #[arg(long, default_value_os_t = std::env::temp_dir().join("kstate-prometheus"))]
+    state_dir: PathBuf,
+    /// The address to serve /metrics and /health on.
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    listen: SocketAddr,
+}
+
+/// Counts records per key and sends each new count.
+struct Count {
+    counts: StoreHandle<Vec<u8>, u64>,
+    output: String,
+}
+
+impl Processor for Count {
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        let key = record.key.unwrap_or_default().to_vec();
+        let counts = ctx.store(&self.counts);
+        let count = counts.get(&key)?.unwrap_or(0) + 1;
+        counts.put(&key, &count)?;
+        ctx.send(&self.output, &key, Some(count.to_string().as_bytes()))?;
+        Ok(())
+    }
+}
+
+/// What the HTTP handlers read.
+#[derive(Clone)]
+struct Served {
+    metrics: PrometheusHandle,
+    running: Arc<Running>,
+}
+
+async fn render_metrics(State(served): State<Served>) -> String {
+    served.metrics.render()
+}
+
+async fn readiness_probe(State(served): State<Served>) -> (StatusCode, String) {
+    let readiness = served.running.readiness();
+    let status = match readiness.is_ready() {
+        true => StatusCode::OK,
+        false => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (status, format!("{readiness}\n"))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    // Installed before the application starts, so that no series is missed.
+    let metrics = PrometheusBuilder::new().install_recorder()?;
+
+    let mut builder = App::builder(args.application_id, args.bootstrap_servers);
+    builder.input(args.input).state_dir(args.state_dir);
+    let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
+    let output = args.output;
+    let app = builder.build(move |_task| {
+        Box::new(Count {
+            counts: counts.clone(),
+            output: output.clone(),
+        })
+    })?;
+    let running = Arc::new(app.start()?);
+
+    let router = Router::new()
+        .route("/metrics", get(render_metrics))
+        .route("/health", get(readiness_probe))
+        .with_state(Served {
+            metrics,
+            running: running.clone(),
+        });
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    eprintln!("prometheus: listening on http://{}", listener.local_addr()?);
+
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        served = axum::serve(listener, router) => served?,
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = running.stopped() => {}
+    }
+    running.shutdown();
+    // The workers commit and close on their own threads; wait for them off the runtime.
+    let waiting = running.clone();
+    tokio::task::spawn_blocking(move || waiting.wait()).await??;
+    eprintln!("prometheus: stopped");
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! Every example answers `--help`, and each that ends on its own runs its smallest form against
+//! the broker and prints what its doc comment says it prints. (`count_by_key`,
+//! `windowed_count` and `prometheus` run until stopped: `tests/task_failover.rs`,
+//! `tests/windowed_count.rs` and `tests/prometheus.rs` run them.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Command;
+
+use anyhow::ensure;
+use kstate_test_broker::unique_topic;
+
+/// Runs example `name` with `args`; its stdout, once it exited with success.
+fn run(name: &str, args: &[&str]) -> anyhow::Result<String> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let output = Command::new(common::example_binary(name)?)
+        .args(args)
+        .env("KAFKA_BOOTSTRAP_SERVERS", servers)
+        .output()?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    ensure!(
+        output.status.success(),
+        "{name} {args:?} exited with {}:\n{stdout}\n{stderr}",
+        output.status
+    );
+    Ok(stdout)
+}
+
+#[test]
+fn every_example_answers_help() -> anyhow::Result<()> {
+    for name in [
+        "count_by_key",
+        "durability_modes",
+        "exactly_once",
+        "prometheus",
+        "queries",
+        "restore",
+        "rows_per_second",
+        "windowed_count",
+    ] {
+        let help = run(name, &["--help"])?;
+        ensure!(help.contains("Usage:"), "{name} --help printed:\n{help}");
+    }
+    Ok(())
+}
+
+#[test]
+fn durability_modes_then_restore_replay_every_row() -> anyhow::Result<()> {
+    let topic = unique_topic("example-durability");
+    let out = run("durability_modes", &["--rows", "500", "--topic", &topic])?;
+    for mode in ["sync", "group:10ms", "async"] {
+        ensure!(out.contains(&format!("mode={mode} rows=500 ")), "{out}");
+    }
+    ensure!(out.contains("restored 1500 rows"), "{out}");
+    // The restore example replays the same changelog into an empty directory.
+    let out = run("restore", &["--topic", &topic])?;
+    ensure!(out.contains("1500"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn exactly_once_verifies_its_counts() -> anyhow::Result<()> {
+    let out = run("exactly_once", &["--records", "300", "--keys", "10"])?;
+    ensure!(out.contains("verified: 10 keys, 300 counts"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn queries_read_every_count() -> anyhow::Result<()> {
+    let out = run("queries", &["--records", "200", "--keys", "5"])?;
+    ensure!(
+        out.lines().filter(|l| l.starts_with("user-")).count() == 5,
+        "{out}"
+    );
+    Ok(())
+}
+
+#[test]
+fn rows_per_second_runs_its_smallest_form() -> anyhow::Result<()> {
+    let out = run("rows_per_second", &["--rows", "2000"])?;
+    ensure!(out.contains("restored 2000 records"), "{out}");
+    Ok(())
+}
