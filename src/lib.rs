@@ -13,7 +13,7 @@
 //!
 //! let changelog = ChangelogConfig::new("127.0.0.1:9092", "counts-changelog", 0)
 //!     .durability(Durability::Group(std::time::Duration::from_millis(10)));
-//! let store = LoggedStore::open("/var/lib/my-task/counts-0", &RocksDbOptions::default(), changelog)?;
+//! let store = LoggedStore::open(std::path::Path::new("/var/lib/my-task/counts-0"), &RocksDbOptions::default(), changelog)?;
 //! let counts: Store<u64, String, _> = Store::new(store); // keys ordered numerically, values via serde
 //! counts.put(&42, &"forty-two".to_string())?;
 //! assert_eq!(counts.get(&42)?, Some("forty-two".to_string()));

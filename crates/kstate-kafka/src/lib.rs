@@ -28,7 +28,7 @@
 //!     .partitions(12) // created compacted if missing, checked if not
 //!     .durability(Durability::Sync);
 //! // Opening replays what the directory lacks of the changelog.
-//! let store = LoggedStore::open("/var/lib/my-task/counts-3", &RocksDbOptions::default(), changelog)?;
+//! let store = LoggedStore::open(std::path::Path::new("/var/lib/my-task/counts-3"), &RocksDbOptions::default(), changelog)?;
 //! println!("restored {} records", store.restore_report().records);
 //! store.put(b"user-42", b"7")?; // acknowledged by the broker before it returns (Sync)
 //! store.set_durability(Durability::Async); // switched at runtime
