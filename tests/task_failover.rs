@@ -43,23 +43,6 @@ use rand::{Rng, SeedableRng};
 const PARTITIONS: i32 = 12;
 const KEYS: usize = 240;
 
-/// The example binary, built by `cargo test` next to the test binaries.
-fn example_binary() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let release = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test binary has no target directory")?;
-    let binary = release.join("examples").join("count_by_key");
-    anyhow::ensure!(
-        binary.exists(),
-        "{} is missing: build it with `cargo test --release` (which builds the examples) or \
-         `cargo build --release --example count_by_key`",
-        binary.display()
-    );
-    Ok(binary)
-}
-
 /// One copy of the example: a slot with its own state directory, restarted in place.
 struct Copy {
     slot: usize,
@@ -247,7 +230,7 @@ async fn chaos(
 
     let servers = kstate_test_broker::bootstrap_servers()?;
     let run = Run {
-        binary: example_binary()?,
+        binary: common::example_binary("count_by_key")?,
         servers: servers.clone(),
         app_id: unique_topic(name),
         input: unique_topic(&format!("{name}-in")),
@@ -517,7 +500,7 @@ fn has_open_transaction(servers: &str, topic: &str) -> anyhow::Result<bool> {
 async fn a_paused_copy_that_lost_its_partitions_makes_nothing_visible() -> anyhow::Result<()> {
     let servers = kstate_test_broker::bootstrap_servers()?;
     let run = Run {
-        binary: example_binary()?,
+        binary: common::example_binary("count_by_key")?,
         servers: servers.clone(),
         app_id: unique_topic("zombie"),
         input: unique_topic("zombie-in"),
