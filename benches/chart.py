@@ -8,9 +8,14 @@
   "rss_fresh_mb", "rss_restart_mb"}, ...]}`, the table of BENCHMARKS.md's "Many tasks per process"):
   time until every task runs and resident memory against the number of tasks, log-log, each
   system beside a line of linear growth from its smallest N.
+- The comparison with Kafka Streams (`{"ratios": [...], "restore": {...}}`, the figures of
+  BENCHMARKS.md's "Current figures", each with its command and date): kstate's rate over Kafka
+  Streams' (or Kafka Streams' time over kstate's) per line, PLAINTEXT and SASL_SSL, with the range
+  of runs where one is given; and the restore rate of both systems.
 
     benches/chart.py benches/rows_per_second.json benches/rows_per_second.png
     benches/chart.py benches/tasks_per_process.json benches/tasks_per_process.png
+    benches/chart.py benches/kafka_streams.json benches/kafka_streams.png
 
 Needs matplotlib; when it is missing, the script installs it into a virtual environment under
 ~/.cache/kstate/chart-venv and runs itself again from there.
@@ -104,6 +109,54 @@ def tasks_chart(plt, run, output):
     fig.savefig(output)
 
 
+def comparison_chart(plt, run, output):
+    ratios = run["ratios"]
+    restore = run["restore"]
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12, 5.5), dpi=120, gridspec_kw={"width_ratios": [2.2, 1]}
+    )
+    ys = list(range(len(ratios)))[::-1]
+    height = 0.38
+    for offset, key, label in [(height / 2, "plaintext", "PLAINTEXT"), (-height / 2, "sasl_ssl", "SASL_SSL")]:
+        points = [(y + offset, r[key], r.get("range")) for y, r in zip(ys, ratios) if key in r]
+        if not points:
+            continue
+        bars = left.barh([p[0] for p in points], [p[1] for p in points], height=height, label=label)
+        for y, value, spread in points:
+            end = max([value] + list(spread or []))
+            left.text(end + 0.1, y, f"{value:.2f}x", va="center", fontsize=7)
+        for y, value, spread in points:
+            if key == "plaintext" and spread:
+                left.plot(spread, [y, y], color="black", linewidth=1)
+    left.axvline(1.0, color="grey", linestyle="--", linewidth=0.8)
+    left.set_yticks(ys)
+    left.set_yticklabels([r["line"] for r in ratios], fontsize=8)
+    left.set_xlabel("kstate / Kafka Streams (rate; for times, Kafka Streams' over kstate's)")
+    left.grid(True, axis="x", alpha=0.3)
+    left.legend(fontsize=8, loc="lower right")
+    left.set_title("ratios (black: the range of the runs)", fontsize=9)
+
+    systems = [r["system"] for r in restore["rates"]]
+    xs = range(len(systems))
+    width = 0.38
+    for offset, key, label in [(-width / 2, "plaintext", "PLAINTEXT"), (width / 2, "sasl_ssl", "SASL_SSL")]:
+        values = [r[key] for r in restore["rates"]]
+        bars = right.bar([x + offset for x in xs], values, width=width, label=label)
+        for bar, value in zip(bars, values):
+            right.text(bar.get_x() + bar.get_width() / 2, value, f"{value / 1e3:,.0f}k",
+                       ha="center", va="bottom", fontsize=7)
+    right.set_xticks(list(xs))
+    right.set_xticklabels(systems)
+    right.set_ylabel("records restored per second")
+    right.yaxis.set_major_formatter(lambda value, _: f"{value / 1e3:,.0f}k")
+    right.grid(True, axis="y", alpha=0.3)
+    right.legend(fontsize=8)
+    right.set_title("restore rate (the restore line's runs)", fontsize=9)
+    fig.suptitle(run.get("title", "kstate against Kafka Streams"), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(output)
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: chart.py RESULTS.json OUTPUT.png")
@@ -117,10 +170,12 @@ def main():
         run = json.load(f)
     if "tasks" in run:
         tasks_chart(plt, run, sys.argv[2])
+    elif "ratios" in run:
+        comparison_chart(plt, run, sys.argv[2])
     elif "configs" in run:
         rows_chart(plt, run, sys.argv[2])
     else:
-        sys.exit(f"chart.py: {sys.argv[1]} holds neither rows_per_second results nor a tasks table")
+        sys.exit(f"chart.py: {sys.argv[1]} holds no rows_per_second results, tasks table or comparison")
     print("wrote", sys.argv[2])
 
 

@@ -8,7 +8,8 @@
 //! count seen twice or skipped fails the run.
 //!
 //! The example writes `--records` records over `--keys` keys to a new input topic, runs the
-//! count until the output holds a count for each record, and verifies the output.
+//! count (`kstate_bench::topology::count_by_key`) until the output holds a count for each record,
+//! and verifies the output.
 //!
 //! ```text
 //! KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --release --example exactly_once -- \
@@ -20,11 +21,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use clap::Parser;
-use kstate::kstate_core::BoxError;
-use kstate::kstate_task::{
-    App, Context, ProcessingGuarantee, Processor, Record, StoreHandle, StoreOptions,
-};
+use kstate::kstate_task::{App, ProcessingGuarantee};
 use kstate_bench::kafka::{create_topic, producer, send};
+use kstate_bench::topology::count_by_key;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
@@ -45,22 +44,6 @@ struct Args {
     /// The input's and output's partitions (one task each).
     #[arg(long, default_value_t = 3)]
     partitions: i32,
-}
-
-struct Count {
-    counts: StoreHandle<Vec<u8>, u64>,
-    output: String,
-}
-
-impl Processor for Count {
-    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
-        let key = record.key.unwrap_or_default().to_vec();
-        let counts = ctx.store(&self.counts);
-        let count = counts.get(&key)?.unwrap_or(0) + 1;
-        counts.put(&key, &count)?;
-        ctx.send(&self.output, &key, Some(count.to_string().as_bytes()))?;
-        Ok(())
-    }
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -89,14 +72,8 @@ async fn main() -> Result<()> {
         .input(input)
         .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
         .state_dir(state.path());
-    let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
-    let out = output.clone();
-    let app = builder.build(move |_task| {
-        Box::new(Count {
-            counts: counts.clone(),
-            output: out.clone(),
-        })
-    })?;
+    // The task: kstate_bench::topology::count_by_key, every count sent to the output.
+    let (app, _counts) = count_by_key::build(&mut builder, &output, false)?;
     let running = app.start()?;
     let seen = read_committed(servers, &output, args.partitions, args.records);
     running.shutdown();

@@ -5,7 +5,7 @@
 //! at `/metrics`, and `/health` answers an orchestrator's readiness probe from
 //! `Running::readiness`: `200` once every task runs, `503` while the group has not assigned
 //! this process yet or any task is still restoring (its inputs paused), with the reason as the
-//! body. The application is a count per key.
+//! body. The application is a count per key (`kstate_bench::topology::count_by_key`).
 //!
 //! ```text
 //! KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --release --example prometheus -- \
@@ -26,8 +26,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use clap::Parser;
-use kstate::kstate_core::BoxError;
-use kstate::kstate_task::{App, Context, Processor, Record, Running, StoreHandle, StoreOptions};
+use kstate::kstate_task::{App, Running};
+use kstate_bench::topology::count_by_key;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// A count per key with its metrics at /metrics and its readiness at /health.
@@ -51,23 +51,6 @@ struct Args {
     /// The address to serve /metrics and /health on.
     #[arg(long, default_value = "127.0.0.1:9464")]
     listen: SocketAddr,
-}
-
-/// Counts records per key and sends each new count.
-struct Count {
-    counts: StoreHandle<Vec<u8>, u64>,
-    output: String,
-}
-
-impl Processor for Count {
-    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
-        let key = record.key.unwrap_or_default().to_vec();
-        let counts = ctx.store(&self.counts);
-        let count = counts.get(&key)?.unwrap_or(0) + 1;
-        counts.put(&key, &count)?;
-        ctx.send(&self.output, &key, Some(count.to_string().as_bytes()))?;
-        Ok(())
-    }
 }
 
 /// What the HTTP handlers read.
@@ -98,14 +81,8 @@ async fn main() -> Result<()> {
 
     let mut builder = App::builder(args.application_id, args.bootstrap_servers);
     builder.input(args.input).state_dir(args.state_dir);
-    let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
-    let output = args.output;
-    let app = builder.build(move |_task| {
-        Box::new(Count {
-            counts: counts.clone(),
-            output: output.clone(),
-        })
-    })?;
+    // The task: kstate_bench::topology::count_by_key, every count sent to --output.
+    let (app, _counts) = count_by_key::build(&mut builder, &args.output, false)?;
     let running = Arc::new(app.start()?);
 
     let router = Router::new()
@@ -118,18 +95,13 @@ async fn main() -> Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     eprintln!("prometheus: listening on http://{}", listener.local_addr()?);
 
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    tokio::select! {
-        served = axum::serve(listener, router) => served?,
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-        _ = running.stopped() => {}
-    }
-    running.shutdown();
-    // The workers commit and close on their own threads; wait for them off the runtime.
-    let waiting = running.clone();
-    tokio::task::spawn_blocking(move || waiting.wait()).await??;
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            eprintln!("prometheus: the HTTP server stopped: {error}");
+        }
+    });
+    // Until SIGTERM or SIGINT: then the workers commit and close, off the runtime.
+    running.run_until_signal().await?;
     eprintln!("prometheus: stopped");
     Ok(())
 }

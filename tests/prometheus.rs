@@ -184,6 +184,13 @@ fn the_scrape_has_the_documented_series_and_health_is_503_until_every_task_runs(
             "{name} is {value:?} in the scrape:\n{scrape}"
         );
     }
+    // Every count went through the changelog: its partition's acknowledged offset is past them.
+    let acked = format!("kstate_changelog_acked_offset{{topic=\"{changelog}\",partition=\"0\"}}");
+    ensure!(
+        series(&scrape, &acked).is_some_and(|v| v >= (RECORDS - 1) as f64),
+        "{acked} below {} in the scrape:\n{scrape}",
+        RECORDS - 1
+    );
 
     let pid = example.0.id().to_string();
     ensure!(

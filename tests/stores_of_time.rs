@@ -102,16 +102,18 @@ async fn sessions_are_queryable_and_expired_ttl_keys_stay_gone_after_a_restore()
     let app_id = unique_topic("time-stores");
     let first_dir = tempfile::tempdir()?;
     let (running, sessions) = start(&app_id, &servers, &input, first_dir.path())?;
-    // `a`: two sessions (10–12 s, 30 s); `old` is seen at 1 s only; `new` at 40 s.
+    // `a`: two sessions (10–12 s, 30 s); `old` is seen at 1 s only; `new` at 40 s; every time
+    // from a recent minute `t0` (`common::recent_minute`).
+    let t0 = common::recent_minute();
     send(
         &servers,
         &input,
         &[
-            (b"a", 10 * SECOND),
-            (b"old", SECOND),
-            (b"a", 12 * SECOND),
-            (b"a", 30 * SECOND),
-            (b"new", 40 * SECOND),
+            (b"a", t0 + 10 * SECOND),
+            (b"old", t0 + SECOND),
+            (b"a", t0 + 12 * SECOND),
+            (b"a", t0 + 30 * SECOND),
+            (b"new", t0 + 40 * SECOND),
         ],
     )?;
     let query = running.query(&sessions);
@@ -125,14 +127,16 @@ async fn sessions_are_queryable_and_expired_ttl_keys_stay_gone_after_a_restore()
             .iter()
             .map(|s| {
                 let count = i64::from_be_bytes(s.value.as_slice().try_into().unwrap());
-                (s.start, s.end, count)
+                (s.start - t0, s.end - t0, count)
             })
             .collect();
         Ok(got == [(10 * SECOND, 12 * SECOND, 2), (30 * SECOND, 30 * SECOND, 1)])
     })?;
     // Sessions that end before `earliest_end` are left out.
     assert_eq!(
-        query.find_sessions(0, b"a", 13 * SECOND, i64::MAX)?.len(),
+        query
+            .find_sessions(0, b"a", t0 + 13 * SECOND, i64::MAX)?
+            .len(),
         1
     );
     // Stream time 40 s: `old` (seen at 1 s, time to live 30 s) expired at 31 s; the next commit

@@ -297,13 +297,18 @@ async fn a_late_record_after_a_kill_and_restart_is_refused_as_before() -> anyhow
     copies.spawn(0)?;
     let a = key(0);
     let second = 1_000i64;
+    // Event times from a recent minute `t0` (`common::recent_minute`): window 0 is [t0, t0 + 60 s).
+    let t0 = common::recent_minute();
     send_all(
         &servers,
         &input,
-        &[(0, a.clone(), 10 * second), (0, a.clone(), 75 * second)],
+        &[
+            (0, a.clone(), t0 + 10 * second),
+            (0, a.clone(), t0 + 75 * second),
+        ],
     )?;
     // Window 0 closed at 70 s and went out, with its count, 1.
-    let window_0 = b"key-0@0".to_vec();
+    let window_0 = format!("key-0@{t0}").into_bytes();
     let sent = wait_for("window 0's final count", WAIT, || {
         copies.check_alive()?;
         Ok(outputs(&servers, &output)?.contains_key(&window_0))
@@ -317,11 +322,13 @@ async fn a_late_record_after_a_kill_and_restart_is_refused_as_before() -> anyhow
     send_all(
         &servers,
         &input,
-        &[(0, a.clone(), 30 * second), (0, a.clone(), 200 * second)],
+        &[
+            (0, a.clone(), t0 + 30 * second),
+            (0, a.clone(), t0 + 200 * second),
+        ],
     )?;
-    let expected: BTreeMap<Vec<u8>, u64> = [(window_0, 1), (b"key-0@60000".to_vec(), 1)]
-        .into_iter()
-        .collect();
+    let window_1 = format!("key-0@{}", t0 + 60_000).into_bytes();
+    let expected: BTreeMap<Vec<u8>, u64> = [(window_0, 1), (window_1, 1)].into_iter().collect();
     check_output(&servers, &output, &expected, &mut copies)?;
     copies.stop_all()?;
     copies.finished();
@@ -350,13 +357,14 @@ async fn open_windows_are_queryable_while_the_task_runs() -> anyhow::Result<()> 
     let a = key(1);
     let p = partition_of(&a);
     let second = 1_000i64;
+    let t0 = common::recent_minute();
     send_all(
         &servers,
         &input,
         &[
-            (p, a.clone(), 10 * second),
-            (p, a.clone(), 20 * second),
-            (p, a.clone(), 65 * second),
+            (p, a.clone(), t0 + 10 * second),
+            (p, a.clone(), t0 + 20 * second),
+            (p, a.clone(), t0 + 65 * second),
         ],
     )?;
     let query = running.query(&counts);
@@ -370,15 +378,15 @@ async fn open_windows_are_queryable_while_the_task_runs() -> anyhow::Result<()> 
             .iter()
             .map(|w| (w.start(), i64::from_be_bytes(w.value().try_into().unwrap())))
             .collect();
-        Ok(got == [(0, 2), (60_000, 1)])
+        Ok(got == [(t0, 2), (t0 + 60_000, 1)])
     })?;
-    // Window [0, 60 s) is open (it closes at 70 s); a time range picks windows by start.
+    // Window [t0, t0 + 60 s) is open (it closes at 70 s); a time range picks windows by start.
     let first: Vec<i64> = query
-        .fetch(p, &a, 0..60_000)?
+        .fetch(p, &a, t0..t0 + 60_000)?
         .iter()
         .map(|w| w.start())
         .collect();
-    assert_eq!(first, [0]);
+    assert_eq!(first, [t0]);
     assert_eq!(query.fetch_all(p, ..)?.len(), 2);
     assert!(matches!(
         query.fetch(PARTITIONS, &a, ..),

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
 use anyhow::{Context as _, bail};
-use kstate::kstate_task::{AppState, Running};
+use kstate::kstate_task::{Ending, Running};
 
 /// Names the parent test: set for every child, and required by [`ChildEnv::get`].
 pub const PARENT_ENV: &str = "KSTATE_CHILD_OF";
@@ -430,28 +430,13 @@ pub fn init_logging() {
 /// Runs `running` until SIGTERM, then shuts it down: `Ok` after a clean shutdown, an error when
 /// the application failed or stopped without being asked.
 pub async fn run_until_sigterm(running: Running, name: &str) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
     eprintln!("{name}: running ({} partitions)", running.partitions());
-    let ended = tokio::select! {
-        _ = term.recv() => None,
-        state = running.stopped() => Some(state),
-    };
-    if ended.is_none() {
-        eprintln!("{name}: SIGTERM, stopping");
-        running.shutdown();
-    }
-    let running = std::sync::Arc::new(running);
-    let waiting = running.clone();
-    let waited =
-        tokio::task::spawn_blocking(move || waiting.wait().map_err(anyhow::Error::from)).await?;
-    match (running.state(), ended) {
-        (AppState::Failed(message), _) => bail!("{name}: the application failed: {message}"),
-        (_, Some(state)) => bail!("{name}: the application ended by itself ({state:?})"),
-        _ => {
-            waited?;
+    match std::sync::Arc::new(running).run_until_signal().await {
+        Ok(Ending::Signalled) => {
             eprintln!("{name}: stopped cleanly");
             Ok(())
         }
+        Ok(Ending::Stopped) => bail!("{name}: the application ended by itself"),
+        Err(failure) => bail!("{name}: the application failed: {failure}"),
     }
 }

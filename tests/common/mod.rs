@@ -46,6 +46,18 @@ pub fn changelog_on(client: ClientProperties, topic: &str) -> ChangelogConfig {
         .delivery_timeout(Duration::from_secs(20))
 }
 
+/// The start of the current minute, ms since the epoch: the base of a test's event times. A
+/// record timestamped far in the past (10 s after 1970) is older than any topic's `retention.ms`,
+/// so the broker's retention check (every 5 minutes) deletes it from an input before it is read,
+/// or from an output before it is checked: times from now on stay. (Changelogs are not exposed:
+/// their records carry the wall clock, the event time in a header.)
+pub fn recent_minute() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    now - now.rem_euclid(60_000)
+}
+
 /// Creates `topic` with `partitions` partitions and `cleanup.policy=policy` on the cluster
 /// `client` names.
 pub async fn create_topic(

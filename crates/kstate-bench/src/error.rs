@@ -42,6 +42,33 @@ pub enum BenchError {
          bootstrap.servers, or set KAFKA_BOOTSTRAP_SERVERS"
     )]
     NoCluster,
+    /// A store, or a bare RocksDB, failed while measuring.
+    #[error("{what}: {source}")]
+    Store {
+        /// The configuration, the call and the path.
+        what: String,
+        /// The store's error.
+        source: kstate_core::BoxError,
+    },
+    /// A file or directory of the run could not be made or removed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A flag's value cannot be run as given.
+    #[error("{flag}: {reason}")]
+    Flag {
+        /// The flag.
+        flag: &'static str,
+        /// Why not.
+        reason: String,
+    },
+    /// A measuring thread panicked.
+    #[error("a {0} thread panicked")]
+    Panicked(&'static str),
     /// Two histograms could not be merged (different bounds).
     #[error("merge latency histograms: {0}")]
     Histogram(#[from] hdrhistogram::errors::AdditionError),
@@ -52,5 +79,22 @@ impl BenchError {
     pub fn kafka(what: impl Into<String>) -> impl FnOnce(rdkafka::error::KafkaError) -> Self {
         let what = what.into();
         move |source| BenchError::Kafka { what, source }
+    }
+
+    /// A store (or bare RocksDB) error while doing `what`.
+    pub fn store<E: Into<kstate_core::BoxError>>(
+        what: impl Into<String>,
+    ) -> impl FnOnce(E) -> Self {
+        let what = what.into();
+        move |source| BenchError::Store {
+            what,
+            source: source.into(),
+        }
+    }
+
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| BenchError::Io { path, source }
     }
 }

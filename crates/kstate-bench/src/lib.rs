@@ -11,11 +11,12 @@
 //! - `window_ops`: what a window store costs: fetches, segment drops, restores.
 //! - `tasks_per_process`: what many tasks cost one process (`tasks.sh`).
 //!
-//! They and `examples/rows_per_second.rs` (store configurations, rows/s) measure different
-//! things but report them the same way: SAMZA-543 progress lines, latency percentiles from one
-//! histogram, a JSON file for `benches/chart.py`. That code lives here once, in a workspace crate
-//! (not published, not part of kstate's API) so that its pieces can be tested, and so that the
-//! benchmarks stay out of `examples/`, which teach one idea each.
+//! They and `examples/rows_per_second.rs` (store configurations, rows/s: its harness is
+//! [`rows_per_second`]) measure different things but report them the same way: SAMZA-543
+//! progress lines, latency percentiles from one histogram, a JSON file for `benches/chart.py`.
+//! That code lives here once, in a workspace crate (not published, not part of kstate's API) so
+//! that its pieces can be tested, and so that the benchmarks stay out of `examples/`, which teach
+//! one idea each.
 //!
 //! - [`latency`]: call latencies in an HDR histogram, summarised as p50/p99/p99.9/max.
 //! - [`progress`]: rows done so far across threads, printed and kept as chart points.
@@ -25,6 +26,7 @@
 //!   counts with digit separators.
 //! - [`cluster`]: the Kafka cluster (and its security) a command line names.
 //! - [`kafka`]: topics, an acknowledged producer, and broker append times of an output topic.
+//! - [`rows_per_second`]: the store configurations `examples/rows_per_second.rs` times, and how.
 //! - [`topology`]: the stream tasks the benchmarks (and the task runtime's tests) run.
 
 pub mod cli;
@@ -34,6 +36,7 @@ pub mod kafka;
 pub mod latency;
 pub mod progress;
 pub mod report;
+pub mod rows_per_second;
 pub mod topology;
 pub mod workload;
 

@@ -57,16 +57,36 @@ struct Acks {
 }
 
 /// Shared between the producer's delivery callback and the store.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct AckTracker {
     acks: Mutex<Acks>,
     changed: Condvar,
     /// Set once `poisoned` is, so that every send can check it without taking the lock the
     /// delivery callback takes for every record.
     is_poisoned: AtomicBool,
+    /// `topic/partition`, for the log.
+    changelog: String,
+    /// `kstate_changelog_acked_offset` of this partition, registered once: setting it is an
+    /// atomic store, cheap enough for every acknowledgement.
+    acked_offset: metrics::Gauge,
 }
 
 impl AckTracker {
+    /// The tracker of `topic`'s partition `partition`.
+    pub(crate) fn new(topic: &str, partition: i32) -> Self {
+        AckTracker {
+            acks: Mutex::default(),
+            changed: Condvar::new(),
+            is_poisoned: AtomicBool::new(false),
+            changelog: format!("{topic}/{partition}"),
+            acked_offset: metrics::gauge!(
+                "kstate_changelog_acked_offset",
+                "topic" => topic.to_string(),
+                "partition" => partition.to_string()
+            ),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Acks> {
         lock(&self.acks)
     }
@@ -78,7 +98,7 @@ impl AckTracker {
     /// the transaction that was to be dropped.
     fn set_poisoned(&self, acks: &mut Acks, reason: PoisonReason) {
         if acks.poisoned.is_none() {
-            tracing::error!(%reason, "changelog poisoned");
+            tracing::error!(changelog = %self.changelog, %reason, "changelog poisoned");
             acks.poisoned = Some(reason);
             self.is_poisoned.store(true, Ordering::Release);
         }
@@ -296,7 +316,7 @@ impl AckTracker {
         if acks.watch == Some(seq) {
             acks.watched_offset = Some(offset);
         }
-        metrics::gauge!("kstate_changelog_acked_offset").set(offset as f64);
+        self.acked_offset.set(offset as f64);
         if acks.waiters > 0 {
             self.changed.notify_all();
         }
@@ -736,7 +756,7 @@ impl ChangelogProducer {
         producer: SharedProducer,
         config: &ChangelogConfig,
     ) -> Result<Self, ChangelogError> {
-        let tracker = Arc::new(AckTracker::default());
+        let tracker = Arc::new(AckTracker::new(&config.topic, config.partition));
         let id = {
             let mut routes = write(&producer.routes);
             // The next id not in use; ids are reused only after MAX_ROUTE more stores.
@@ -867,7 +887,7 @@ mod tests {
 
     #[test]
     fn sequence_numbers_keep_counting_past_the_bits_the_opaque_carries() {
-        let tracker = AckTracker::default();
+        let tracker = AckTracker::new("changelog", 0);
         tracker.lock().acked_seq = SEQ_MASK - 1;
         tracker.expect_offsets_from(100);
         // Record SEQ_MASK, then SEQ_MASK + 1, whose low bits are 0.

@@ -239,6 +239,15 @@ pub enum TaskError {
         last: String,
     },
 
+    /// A handler for a signal that stops the application could not be installed.
+    #[error("listening for {signal}: {source}")]
+    Signal {
+        /// The signal.
+        signal: &'static str,
+        /// Why not.
+        source: std::io::Error,
+    },
+
     /// A thread of the runtime could not start, or panicked.
     #[error("thread {name}: {message}")]
     Thread {

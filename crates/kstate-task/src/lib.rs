@@ -70,6 +70,7 @@ mod query;
 mod readiness;
 mod restorer;
 mod shared;
+mod signals;
 mod standby;
 mod status;
 mod stores;
@@ -90,6 +91,7 @@ pub use processor::{Context, Processor};
 pub use query::{QueryError, Queryable, SessionQuery, StoreQuery, WindowQuery};
 pub use readiness::Readiness;
 pub use shared::AppState;
+pub use signals::Ending;
 pub use standby::StandbyStatus;
 pub use status::{RestoreProgress, TaskState, TaskStatus};
 pub use stores::{

@@ -5,10 +5,10 @@
 //! - [`windowed_count`]: the count per key and time window, each window's final count sent once.
 //! - [`windowed_updates`]: the count per key and time window, every window's new count sent.
 //!
-//! The `count_by_key` and `windowed_count` examples keep their own copy of their task inline,
-//! so that each example reads top to bottom; these are the ones everything else runs. Each
-//! matches a Kafka Streams topology of `benches/kafka-streams` (`KafkaStreamsBench`), record for
-//! record, so that the two systems do the same work.
+//! The `count_by_key` and `windowed_count` examples run these as services (flags, a clean
+//! shutdown on SIGTERM), so an example runs the very task the tests check. Each matches a Kafka
+//! Streams topology of `benches/kafka-streams` (`KafkaStreamsBench`), record for record, so that
+//! the two systems do the same work.
 
 pub mod count_by_key;
 pub mod windowed_count;
