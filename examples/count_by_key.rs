@@ -20,15 +20,13 @@
 //! What this file adds is what a service needs around it: its flags, a restore listener, and a
 //! clean shutdown on SIGTERM (`Running::run_until_signal`).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
 use kstate::kstate_kafka::{RestoreListener, RestoreReport, RestoreStart};
-use kstate::kstate_task::{App, ProcessingGuarantee};
-use kstate_bench::cli::{ClusterArgs, key_value};
+use kstate_bench::cli::{AppArgs, key_value};
 use kstate_bench::topology::count_by_key;
 
 /// count_by_key: counts records per key from --input and sends every count to --output.
@@ -37,29 +35,17 @@ use kstate_bench::topology::count_by_key;
 #[derive(Debug, Parser)]
 #[command(name = "count_by_key")]
 struct Args {
-    /// The application id: the consumer group, and the prefix of the changelog topics.
-    #[arg(long)]
-    application_id: String,
+    #[command(flatten)]
+    app: AppArgs,
     /// An input topic; give it several times for co-partitioned topics (one count over all).
     #[arg(long = "input", value_name = "TOPIC", required = true)]
     inputs: Vec<String>,
     /// The output topic: `(key, count as decimal ASCII)` for every input record.
     #[arg(long, value_name = "TOPIC")]
     output: String,
-    #[command(flatten)]
-    cluster: ClusterArgs,
-    /// Where the stores live (default: kstate-count-by-key in the temporary directory).
-    #[arg(long, value_name = "PATH")]
-    state_dir: Option<PathBuf>,
-    /// Worker threads.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    threads: usize,
     /// The process's restorer threads, shared by its workers (default: the runtime's).
     #[arg(long, value_name = "N")]
     restore_threads: Option<usize>,
-    /// How often the workers commit, ms.
-    #[arg(long, value_name = "N", default_value_t = 100)]
-    commit_interval_ms: u64,
     /// Coalesce the counts' changelog and send each key's latest count per commit interval
     /// (Kafka Streams with caching on); otherwise every record's count goes out.
     #[arg(long)]
@@ -67,14 +53,6 @@ struct Args {
     /// A librdkafka property for the input consumers (repeatable), e.g. session.timeout.ms=6000.
     #[arg(long = "consumer-property", value_name = "KEY=VALUE", value_parser = key_value)]
     consumer_properties: Vec<(String, String)>,
-    /// at-least-once, or exactly-once: one Kafka transaction per worker and commit interval.
-    #[arg(long, default_value_t = ProcessingGuarantee::default())]
-    guarantee: ProcessingGuarantee,
-    /// This copy's name in its transactional ids (`<app-id>-<NAME>-<worker>`): a copy restarted
-    /// with the same name fences its previous incarnation at once. Never give two running copies
-    /// the same name.
-    #[arg(long, value_name = "NAME")]
-    instance_id: Option<String>,
     /// Warm standbys of the tasks a failure of another copy would bring this one (with
     /// --instance-id: static members, the eager range assignor).
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -113,26 +91,13 @@ impl RestoreListener for PrintRestores {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    // A properties file (`key=value` lines, librdkafka names: `security.protocol`, `sasl.*`,
-    // `ssl.*`) keeps secrets off the command line.
-    let client = args.cluster.required()?;
-    let state_dir = args
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join("kstate-count-by-key"));
-    let mut builder = App::builder(args.application_id.clone(), client);
+    // `--client-properties FILE` (`key=value` lines, librdkafka names: `security.protocol`,
+    // `sasl.*`, `ssl.*`) keeps secrets off the command line.
+    let mut builder = args.app.builder()?;
     for input in &args.inputs {
         builder.input(input.clone());
     }
-    builder
-        .state_dir(state_dir)
-        .threads(args.threads)
-        .commit_interval(Duration::from_millis(args.commit_interval_ms))
-        .processing_guarantee(args.guarantee)
-        .restore_listener(Arc::new(PrintRestores));
-    if let Some(id) = &args.instance_id {
-        builder.instance_id(id.clone());
-    }
+    builder.restore_listener(Arc::new(PrintRestores));
     if args.standby_replicas > 0 {
         builder
             .static_membership(true)
@@ -154,10 +119,10 @@ async fn main() -> Result<()> {
     let running = Arc::new(app.start()?);
     eprintln!(
         "count_by_key: {} running ({} partitions, {} threads, {})",
-        args.application_id,
+        args.app.application_id,
         running.partitions(),
-        args.threads,
-        args.guarantee
+        args.app.threads,
+        args.app.guarantee
     );
     running
         .run_until_signal()

@@ -17,7 +17,6 @@
 //! 127.0.0.1:0` picks a free port), and stops on SIGTERM or Ctrl-C.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -26,28 +25,22 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use clap::Parser;
-use kstate::kstate_task::{App, Running};
+use kstate::kstate_task::Running;
+use kstate_bench::cli::AppArgs;
 use kstate_bench::topology::count_by_key;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// A count per key with its metrics at /metrics and its readiness at /health.
 #[derive(Parser)]
 struct Args {
-    /// The Kafka cluster.
-    #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS")]
-    bootstrap_servers: String,
-    /// The application id: consumer group and changelog topics' prefix.
-    #[arg(long)]
-    application_id: String,
+    #[command(flatten)]
+    app: AppArgs,
     /// The input topic.
     #[arg(long)]
     input: String,
     /// The output topic: each key's count, as decimal text, for every input record.
     #[arg(long)]
     output: String,
-    /// Where the application keeps its RocksDB.
-    #[arg(long, default_value_os_t = std::env::temp_dir().join("kstate-prometheus"))]
-    state_dir: PathBuf,
     /// The address to serve /metrics and /health on.
     #[arg(long, default_value = "127.0.0.1:9464")]
     listen: SocketAddr,
@@ -79,8 +72,8 @@ async fn main() -> Result<()> {
     // Installed before the application starts, so that no series is missed.
     let metrics = PrometheusBuilder::new().install_recorder()?;
 
-    let mut builder = App::builder(args.application_id, args.bootstrap_servers);
-    builder.input(args.input).state_dir(args.state_dir);
+    let mut builder = args.app.builder()?;
+    builder.input(args.input);
     // The task: kstate_bench::topology::count_by_key, every count sent to --output.
     let (app, _counts) = count_by_key::build(&mut builder, &args.output, false)?;
     let running = Arc::new(app.start()?);

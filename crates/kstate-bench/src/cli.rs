@@ -3,14 +3,19 @@
 //!
 //! - [`ClusterArgs`]: `--client-properties FILE` and `--bootstrap-servers HOST:PORT`, resolved
 //!   by [`crate::cluster`]'s rule (the environment's brokers only when neither names any).
+//! - [`AppArgs`]: what every long-running example asks of its application (id, cluster, state
+//!   directory, threads, commit interval, guarantee, instance id), turned into an
+//!   [`AppBuilder`] by [`AppArgs::builder`].
 //! - [`number`]: counts with `_` as a digit separator (`--rows 4_000_000`), as the scripts and
 //!   BENCHMARKS.md write them.
 //! - [`key_value`]: a librdkafka property, `KEY=VALUE`.
 
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
 use kstate_kafka::ClientProperties;
+use kstate_task::{App, AppBuilder, ProcessingGuarantee};
 
 use crate::BenchError;
 
@@ -49,6 +54,54 @@ impl ClusterArgs {
             self.client_properties.as_deref(),
             self.bootstrap_servers.as_deref(),
         )
+    }
+}
+
+/// The application a long-running example runs, and how: flatten it into its command; the
+/// inputs, stores and tasks are the example's own.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AppArgs {
+    /// The application id: the consumer group, and the prefix of the changelog topics.
+    #[arg(long)]
+    pub application_id: String,
+    /// The cluster the application runs on.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Where the stores live, under `<PATH>/<application id>/` (default: the runtime's, `kstate`
+    /// in the temporary directory).
+    #[arg(long, value_name = "PATH")]
+    pub state_dir: Option<PathBuf>,
+    /// Worker threads.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub threads: usize,
+    /// How often the workers commit, ms.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub commit_interval_ms: u64,
+    /// at-least-once, or exactly-once: one Kafka transaction per worker and commit interval.
+    #[arg(long, default_value_t = ProcessingGuarantee::default())]
+    pub guarantee: ProcessingGuarantee,
+    /// This copy's name in its transactional ids (`<app-id>-<NAME>-<worker>`): a copy restarted
+    /// with the same name fences its previous incarnation at once. Never give two running copies
+    /// the same name.
+    #[arg(long, value_name = "NAME")]
+    pub instance_id: Option<String>,
+}
+
+impl AppArgs {
+    /// A builder of the application these flags name, on the cluster they name.
+    pub fn builder(&self) -> Result<AppBuilder, BenchError> {
+        let mut builder = App::builder(self.application_id.clone(), self.cluster.required()?);
+        builder
+            .threads(self.threads)
+            .commit_interval(Duration::from_millis(self.commit_interval_ms))
+            .processing_guarantee(self.guarantee);
+        if let Some(dir) = &self.state_dir {
+            builder.state_dir(dir);
+        }
+        if let Some(id) = &self.instance_id {
+            builder.instance_id(id.clone());
+        }
+        Ok(builder)
     }
 }
 
@@ -115,6 +168,29 @@ mod tests {
         assert!(key_value("=value").is_err());
         let cli = Cli::try_parse_from(["x", "--property", "a=1", "--property", "b=2"]).ok();
         assert_eq!(cli.map(|c| c.property.len()), Some(2));
+    }
+
+    #[derive(Debug, Parser)]
+    struct AppCli {
+        #[command(flatten)]
+        app: AppArgs,
+    }
+
+    #[test]
+    fn an_application_needs_only_its_id() {
+        let cli = AppCli::try_parse_from(["x", "--application-id", "counter"]);
+        let app = cli.map(|c| c.app).ok();
+        let defaults = app.map(|a| (a.threads, a.commit_interval_ms, a.guarantee, a.state_dir));
+        let defaults = defaults.map(|(t, c, g, d)| (t, c, g, d.is_none()));
+        assert_eq!(
+            defaults,
+            Some((1, 100, ProcessingGuarantee::AtLeastOnce, true))
+        );
+        assert!(AppCli::try_parse_from(["x"]).is_err());
+        let cli =
+            AppCli::try_parse_from(["x", "--application-id", "a", "--guarantee", "exactly-once"]);
+        let guarantee = cli.map(|c| c.app.guarantee).ok();
+        assert_eq!(guarantee, Some(ProcessingGuarantee::ExactlyOnce));
     }
 
     #[test]
