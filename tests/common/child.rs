@@ -41,6 +41,9 @@ const FOREIGN_WRITE: [&str; 2] = ["ForeignWrite", "another writer appended"];
 const RESTORED_AGAIN: &str = "a store disagrees with its changelog: restoring the task again";
 /// What the worker logs when a rebalance takes its tasks away.
 const TASKS_CLOSED: &str = "committing and closing tasks";
+/// What the worker logs when its tasks are lost (a fenced or removed member's): their stores
+/// are dropped uncommitted, and whoever is assigned them next restores from the changelog.
+const TASKS_DROPPED: &str = "dropping tasks without a commit";
 
 pub struct Copy {
     pub slot: usize,
@@ -281,10 +284,12 @@ impl Copies {
         Ok(())
     }
 
-    /// An error if a copy in `slots` saw a foreign write to a changelog and did not restore
-    /// the task again for it afterwards, or closed its tasks in a rebalance (the transaction is
-    /// aborted and the next owner restores from the changelog): the recovery from a paused
-    /// member's aborted records, which land in the partition after the new owner's restore.
+    /// An error if a copy in `slots` saw a foreign write to a changelog and did not afterwards
+    /// restore the task again, close its tasks in a rebalance, or drop them as lost (in the last
+    /// two the transaction is aborted and the next owner restores from the changelog): the
+    /// recovery from a paused member's aborted records, which land in the partition after the
+    /// new owner's restore, and of the paused member itself, whose own records land after the
+    /// new owner's.
     /// Judged per copy, in the order of its log: one foreign write can poison a store more
     /// than once (its own deliveries and its transaction's each log it), and one restore
     /// recovers them all.
@@ -297,7 +302,10 @@ impl Copies {
                     && FOREIGN_WRITE.iter().any(|w| line.contains(w))
                 {
                     unrecovered.get_or_insert(line);
-                } else if line.contains(RESTORED_AGAIN) || line.contains(TASKS_CLOSED) {
+                } else if [RESTORED_AGAIN, TASKS_CLOSED, TASKS_DROPPED]
+                    .iter()
+                    .any(|recovered| line.contains(recovered))
+                {
                     unrecovered = None;
                 }
             }

@@ -21,8 +21,9 @@ pub enum Ending {
 impl Running {
     /// Runs until SIGTERM or SIGINT, then shuts the application down, or until it stops or fails
     /// by itself; waits (off the async runtime) until every worker has committed and closed its
-    /// stores. `Err` when the application failed (the failure [`AppState::Failed`](crate::AppState::Failed) holds) or a
-    /// signal handler could not be installed ([`TaskError::Signal`], before anything stops).
+    /// stores. `Err` when the application failed (the failure
+    /// [`AppState::Failed`](crate::AppState::Failed) holds) or a signal handler could not be
+    /// installed ([`TaskError::Signal`], before anything stops).
     pub async fn run_until_signal(self: Arc<Self>) -> Result<Ending, Arc<TaskError>> {
         use tokio::signal::unix::{SignalKind, signal};
         let listen = |kind: SignalKind, name: &'static str| {
