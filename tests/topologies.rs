@@ -35,6 +35,11 @@
 //! overdue. None of the paused processor's ticks may become visible after the takeover, and the
 //! second copy goes on and never fails.
 //!
+//! The zombie TTL sweep test: one copy puts a key in a wall-clock TTL store and is paused with
+//! nothing open; a second copy takes over and puts the key again; the first is resumed once its
+//! copy of the key expired. Its sweep's tombstone must never commit into the second copy's
+//! changelog.
+//!
 //! CI runs at least 6 kills and 15 s of chaos per exactly-once test; `KSTATE_TOPOLOGY_KILLS`
 //! and `KSTATE_TOPOLOGY_SECONDS` run longer (`scripts/topology-kills`), `KSTATE_TOPOLOGY_SEED`
 //! repeats a run's kills.
@@ -51,10 +56,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use common::child::{self, ChildEnv, Copies};
 use common::streams::{check_exact_sequences, env_number, last_counts, read_topic, wait_for};
-use kstate::kstate_core::BoxError;
+use kstate::kstate_core::{BoxError, TtlClock, TtlOptions};
 use kstate::kstate_task::{
     App, AppBuilder, AppState, Context, GroupProtocol, ProcessingGuarantee, Processor, Record,
-    Running, StoreHandle, StoreOptions, TaskState, TimeKind, Timer, partition_for,
+    Running, StoreHandle, StoreOptions, TaskState, TimeKind, Timer, TtlHandle, partition_for,
 };
 use kstate_test_broker::unique_topic;
 use rand::{Rng, SeedableRng};
@@ -1193,6 +1198,177 @@ async fn a_paused_copy_whose_timer_fires_after_it_lost_its_tasks_makes_nothing_v
         problems.push(e.to_string());
     }
     // What became of A is not this test's subject: it is reported, not checked.
+    match copies.check_slot_alive(a) {
+        Ok(()) => eprintln!("{name}: copy A is running"),
+        Err(e) => eprintln!("{name}: {e}"),
+    }
+    if !problems.is_empty() {
+        bail!("{}\n{}", problems.join("\n"), copies.logs());
+    }
+    let status = copies.stop(b)?;
+    anyhow::ensure!(
+        status.success(),
+        "copy B exited {status} on SIGTERM\n{}",
+        copies.logs()
+    );
+    if copies.copies[a].is_running() {
+        eprintln!("{name}: copy A exited {} on SIGTERM", copies.stop(a)?);
+    }
+    copies.finished();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// A zombie whose TTL sweep is all its transaction holds
+
+/// How long a key of the zombie TTL test lives, by the wall clock.
+const SWEPT_TTL: Duration = Duration::from_secs(15);
+
+/// Puts each record's key in a wall-clock TTL store (value: this copy's slot) and sends
+/// `"<slot>"` under the key to the output.
+struct Keeper {
+    slot: usize,
+    seen: TtlHandle,
+    output: String,
+}
+
+impl Processor for Keeper {
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        let key = record.key.ok_or("no key")?;
+        let slot = self.slot.to_string();
+        ctx.ttl_store(&self.seen).put(
+            key,
+            slot.as_bytes(),
+            record.timestamp.unwrap_or_default(),
+        )?;
+        ctx.send(&self.output, key, Some(slot.as_bytes()))?;
+        Ok(())
+    }
+}
+
+/// The keeping application in a child process (exactly-once, instance id `copy-<slot>`,
+/// session timeout 6 s).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a child process of the zombie TTL sweep test of this file, which starts it; fails alone"]
+async fn child_keeper() -> anyhow::Result<()> {
+    let env = ChildEnv::get("child_keeper")?;
+    child::init_logging();
+    let slot: usize = env.parse("SLOT")?;
+    let mut builder = App::builder(env.var("APP_ID")?, env.var("SERVERS")?);
+    builder
+        .input(env.var("INPUT")?)
+        .state_dir(env.var("STATE_DIR")?)
+        .commit_interval(COMMIT_INTERVAL)
+        .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
+        .instance_id(format!("copy-{slot}"))
+        .consumer_property("session.timeout.ms", "6000")
+        .consumer_property("heartbeat.interval.ms", "1000");
+    let seen = builder.ttl_store(
+        "seen",
+        TtlOptions::new(SWEPT_TTL).clock(TtlClock::WallClock),
+    );
+    let output = env.var("OUTPUT")?;
+    let app = builder.build(move |_| {
+        Box::new(Keeper {
+            slot,
+            seen: seen.clone(),
+            output: output.clone(),
+        })
+    })?;
+    child::run_until_sigterm(app.start()?, &format!("{}: copy {slot}", env.parent())).await
+}
+
+/// A process paused past its session timeout while holding a key that then expires by the wall
+/// clock must not commit the sweep's tombstone into the changelog of the copy that took over
+/// (and wrote the key again): a commit whose only records are a sweep carries the input
+/// offsets, so the broker's generation check fences it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombies_ttl_sweep_does_not_commit_into_the_new_owners_changelog() -> anyhow::Result<()> {
+    let name = "topo-zombie-ttl";
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let app_id = unique_topic(name);
+    let (input, output) = (
+        unique_topic("zombie-ttl-in"),
+        unique_topic("zombie-ttl-out"),
+    );
+    common::create_topic(&servers, &input, ZOMBIE_PARTITIONS, "delete").await?;
+    common::create_topic(&servers, &output, ZOMBIE_PARTITIONS, "delete").await?;
+    let changelog = format!("{app_id}-seen-changelog");
+    let env = [
+        ("SERVERS", servers.clone()),
+        ("APP_ID", app_id),
+        ("INPUT", input.clone()),
+        ("OUTPUT", output.clone()),
+    ];
+    let mut copies = Copies::new(name, "child_keeper", &env, 2)?;
+    let (a, b) = (0, 1);
+    let kept_by = |slot: usize| -> anyhow::Result<bool> {
+        let slot = slot.to_string();
+        Ok(read_topic(&servers, &output, ZOMBIE_PARTITIONS)?
+            .iter()
+            .any(|(p, _, k, v)| *p == 0 && k == b"k" && v.as_deref() == Some(slot.as_bytes())))
+    };
+    copies.spawn(a)?;
+    common::streams::produce(&servers, &input, &[(0, b"k".to_vec(), b"a".to_vec())])?;
+    let waited = wait_for("copy A's put of k", WAIT, || {
+        copies.check_alive()?;
+        kept_by(a)
+    });
+    waited.map_err(|e| anyhow::anyhow!("{e}\n{}", copies.logs()))?;
+    let put_by_a = Instant::now();
+
+    // Pause A with nothing open in its transaction: k is committed in A's store, and expires
+    // there while A is paused.
+    let marks = Watermarks::new(&servers)?;
+    let mut paused = false;
+    for _ in 0..50 {
+        if marks.quiet(&output)? && marks.quiet(&changelog)? {
+            copies.pause(a)?;
+            if marks.quiet(&output)? && marks.quiet(&changelog)? {
+                paused = true;
+                break;
+            }
+            copies.resume(a)?;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    anyhow::ensure!(
+        paused,
+        "could not pause copy A with nothing open in its transaction\n{}",
+        copies.logs()
+    );
+
+    // B takes over once A's session times out, and writes k again.
+    copies.spawn(b)?;
+    common::streams::produce(&servers, &input, &[(0, b"k".to_vec(), b"b".to_vec())])?;
+    let waited = wait_for("copy B's put of k", WAIT, || {
+        copies.check_alive()?;
+        kept_by(b)
+    });
+    waited.map_err(|e| anyhow::anyhow!("{e}\n{}", copies.logs()))?;
+    // A's copy of k is past its time to live: A's next commit sweeps it.
+    let expired = put_by_a + SWEPT_TTL + Duration::from_secs(2);
+    std::thread::sleep(expired.saturating_duration_since(Instant::now()));
+    copies.resume(a)?;
+    std::thread::sleep(Duration::from_secs(3));
+
+    let mut problems = Vec::new();
+    let end = common::high_watermark(&changelog, 0)?;
+    let folded = common::fold_changelog(&changelog, 0, end)?;
+    match folded.get(&b"k"[..]) {
+        Some(entry) if entry.ends_with(b"1") => {}
+        other => problems.push(format!(
+            "the committed changelog's k is {other:?}, not copy B's put: a paused copy's sweep \
+             committed into the new owner's changelog"
+        )),
+    }
+    if let Err(e) = copies.check_slot_alive(b) {
+        problems.push(e.to_string());
+    }
+    // A's aborted tombstone lands in B's changelog partition: B restores the task again.
+    if let Err(e) = copies.check_foreign_writes_recovered(&[b]) {
+        problems.push(e.to_string());
+    }
     match copies.check_slot_alive(a) {
         Ok(()) => eprintln!("{name}: copy A is running"),
         Err(e) => eprintln!("{name}: {e}"),

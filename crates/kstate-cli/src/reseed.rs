@@ -32,8 +32,9 @@ pub(crate) struct Args {
     /// Create the topic with this many partitions if it does not exist.
     #[arg(long)]
     partitions: Option<i32>,
-    /// The replication factor of a topic created here.
-    #[arg(long, default_value_t = 1)]
+    /// The replication factor of a topic created here (-1: the broker's
+    /// default.replication.factor).
+    #[arg(long, default_value_t = kstate_kafka::BROKER_DEFAULT_REPLICATION, allow_hyphen_values = true)]
     replication_factor: i32,
     #[command(flatten)]
     kafka: KafkaArgs,

@@ -214,11 +214,12 @@ pub trait KeyValueStore: Send + Sync {
     /// - a changelog-backed store does not log it: the changelog's own retention
     ///   (`cleanup.policy=compact,delete`) removes the records there, and a restore skips what
     ///   is past retention;
-    /// - writes a changelog-backed store has taken but not committed yet may still land in the
-    ///   range afterwards, so the layer above must not read what it dropped (a window store
-    ///   filters by retention, and drops again below the same bound later);
-    /// - RocksDB drops the range with one range tombstone and deletes the files wholly inside
-    ///   it, whatever the range holds.
+    /// - a changelog-backed store drops the range with its next commit, as durable as the writes
+    ///   that decided it (a window store's stream time) and never before them: the writes it
+    ///   took before the drop go with the range, the writes after it land; reads stop seeing the
+    ///   range at once;
+    /// - RocksDB drops the range with one range tombstone, and deletes the files wholly inside
+    ///   it once a flush made the tombstone durable, whatever the range holds.
     ///
     /// The default deletes key by key, in one batch.
     fn drop_range(&self, range: &KeyRange) -> Result<()> {

@@ -38,6 +38,10 @@ pub enum LostChangelog {
     Reseed,
 }
 
+/// A replication factor that asks for the broker's own `default.replication.factor` (Kafka's
+/// `CreateTopics` takes -1 for it, as Kafka Streams' `replication.factor` does by default).
+pub const BROKER_DEFAULT_REPLICATION: i32 = -1;
+
 /// How a [`LoggedStore`](crate::LoggedStore) talks to its changelog. Built with
 /// [`ChangelogConfig::new`] and the setters; every setter has a documented default.
 ///
@@ -81,7 +85,7 @@ impl ChangelogConfig {
             topic: topic.into(),
             partition,
             partitions: None,
-            replication_factor: 1,
+            replication_factor: BROKER_DEFAULT_REPLICATION,
             min_insync_replicas: None,
             durability: Durability::default(),
             overlay_max_bytes: 64 << 20,
@@ -111,7 +115,10 @@ impl ChangelogConfig {
         self
     }
 
-    /// Replication factor when creating the topic (default 1; use 3 in production).
+    /// Replication factor when creating the topic, and the least an existing topic must have.
+    /// Default [`BROKER_DEFAULT_REPLICATION`]: the broker's `default.replication.factor`, so a
+    /// changelog on a production cluster is replicated as its other topics are (1 on a
+    /// development broker), and an existing topic is taken with whatever replication it has.
     pub fn replication_factor(mut self, n: i32) -> Self {
         self.replication_factor = n;
         self
@@ -282,6 +289,12 @@ impl ChangelogConfig {
     /// The partition.
     pub fn partition(&self) -> i32 {
         self.partition
+    }
+
+    /// How long an open waits for the broker and for open transactions
+    /// ([`open_timeout`](Self::open_timeout)).
+    pub fn opens_within(&self) -> Duration {
+        self.open_timeout
     }
 
     pub(crate) fn bootstrap_servers(&self) -> &str {

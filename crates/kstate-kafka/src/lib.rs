@@ -61,7 +61,8 @@ mod transaction_member;
 
 pub use client_properties::{ClientProperties, REDACTED, is_sensitive};
 pub use config::{
-    ChangelogConfig, DEFAULT_LINGER, DEFAULT_MAX_RECORD_BYTES, LostChangelog, ProducerConfig,
+    BROKER_DEFAULT_REPLICATION, ChangelogConfig, DEFAULT_LINGER, DEFAULT_MAX_RECORD_BYTES,
+    LostChangelog, ProducerConfig,
 };
 pub use connection::{ConnectionWatch, MetadataError, SecurityFailure, fetch_metadata};
 pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};

@@ -59,7 +59,7 @@ use kstate_rocksdb::{PendingCharge, PendingMemory, RocksDbOptions, RocksDbStore}
 use crate::config::ChangelogConfig;
 use crate::durability::{Durability, ParseDurabilityError};
 use crate::error::ChangelogError;
-use crate::overlay::{Map, MergeScan, Overlay, overlay_range};
+use crate::overlay::{Frozen, Map, MergeScan, Overlay, overlay_range};
 use crate::position::ChangelogPosition;
 use crate::producer::{ChangelogProducer, SharedProducer};
 use crate::restore::{OpenHooks, RestoreReport, RestoredStore, StoreLocation};
@@ -80,7 +80,7 @@ const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(6 * 3600);
 #[derive(Debug)]
 struct State {
     active: Overlay,
-    frozen: Option<Arc<Map>>,
+    frozen: Option<Arc<Frozen>>,
     /// The bytes of the frozen layer (its keys and values, as the active layer counts them).
     frozen_bytes: usize,
     charge: PendingCharge,
@@ -106,15 +106,15 @@ impl State {
     fn over(&self, config: &ChangelogConfig) -> bool {
         self.active.bytes >= config.overlay_max_bytes
             || self.active.len() >= config.overlay_max_records
-            || (self.active.len() > 0 && self.charge.account().is_full())
+            || (!self.active.is_empty() && self.charge.account().is_full())
     }
 
     /// The active layer becomes the frozen one (still charged), for a commit to apply.
-    fn freeze(&mut self) -> Arc<Map> {
-        let active = std::mem::take(&mut self.active);
-        let frozen = Arc::new(active.map);
+    fn freeze(&mut self) -> Arc<Frozen> {
+        let (frozen, bytes) = self.active.take_frozen();
+        let frozen = Arc::new(frozen);
         self.frozen = Some(frozen.clone());
-        self.frozen_bytes = active.bytes;
+        self.frozen_bytes = bytes;
         frozen
     }
 
@@ -654,7 +654,7 @@ impl Shared {
 
     /// Gives back the layer a commit froze and then gave up on: under the writes made since
     /// (newer), so that the next commit covers them all and reads still see them.
-    fn unfreeze(&self, frozen: Arc<Map>) {
+    fn unfreeze(&self, frozen: Arc<Frozen>) {
         let mut state = write(&self.state);
         // The state's own handle goes first, so that the map is usually moved, not copied.
         state.frozen = None;
@@ -691,7 +691,7 @@ impl Shared {
                 "a write waiting for room in the producer queue",
             )?;
             let mut state = write(&self.state);
-            if state.active.len() == 0 {
+            if state.active.is_empty() {
                 return Ok(());
             }
             let frozen = state.freeze();
@@ -729,24 +729,31 @@ impl Shared {
                 }
             },
         };
-        self.apply_frozen(&frozen, offset, frozen_at)?;
+        self.apply_frozen(&frozen, Some((offset, frozen_at)))?;
         metrics::histogram!("kstate_commit_seconds").record(started.elapsed().as_secs_f64());
         Ok(())
     }
 
-    /// Writes the frozen overlay and `offset` (its last record's, or under a transaction the
-    /// commit marker's after it) to RocksDB in one batch, then drops the frozen layer. A failure
-    /// poisons: the entries are in the changelog but not in RocksDB, and going on would let a
-    /// later commit store an offset past them (reopening restores them).
-    fn apply_frozen(&self, frozen: &Map, offset: i64, written_at: SystemTime) -> Result<()> {
-        let position = ChangelogPosition {
-            topic: self.config.topic.clone(),
-            partition: self.config.partition,
-            offset,
-            written_at: Some(written_at),
+    /// Writes the frozen overlay (its drops first, then its entries) and the position `at`
+    /// (its last record's offset, or under a transaction the commit marker's after it, and the
+    /// time of the freeze) to RocksDB in one batch, then drops the frozen layer. Without a
+    /// position (a transaction in which this store sent no record: its writes were local keys
+    /// and drops only) the stored position stays. A failure poisons: the entries are in the
+    /// changelog but not in RocksDB, and going on would let a later commit store an offset past
+    /// them (reopening restores them).
+    fn apply_frozen(&self, frozen: &Frozen, at: Option<(i64, SystemTime)>) -> Result<()> {
+        let data = frozen.map.iter().map(|(k, v)| (k.as_slice(), v.as_deref()));
+        let written = match at {
+            Some((offset, written_at)) => ChangelogPosition {
+                topic: self.config.topic.clone(),
+                partition: self.config.partition,
+                offset,
+                written_at: Some(written_at),
+            }
+            .write_after_drops(&self.store, &frozen.drops, data),
+            None => self.store.write_after_drops(&frozen.drops, data, &[]),
         };
-        let data = frozen.iter().map(|(k, v)| (k.as_slice(), v.as_deref()));
-        if let Err(e) = position.write_with(&self.store, data) {
+        if let Err(e) = written {
             let reason = PoisonReason::LocalWriteFailed {
                 message: e.to_string(),
             };
@@ -866,23 +873,38 @@ impl TransactionMember for Shared {
             return Ok(()); // never a member
         };
         let sent = self.sent_seq.load(Ordering::Acquire);
-        if sent == base.swap(sent, Ordering::AcqRel) || self.closed.load(Ordering::Acquire) {
-            return Ok(()); // nothing of this store in the transaction, or closed since
+        let sent_none = sent == base.swap(sent, Ordering::AcqRel);
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(()); // closed since: its open transaction's writes were dropped
         }
-        let offset = self
-            .producer
-            .tracker
-            .all_acknowledged(sent)
-            .map_err(|reason| self.poisoned(reason))?;
-        self.producer.tracker.transaction_committed();
-        let Some(offset) = offset else {
-            return Ok(());
+        let offset = if sent_none {
+            None
+        } else {
+            let offset = self
+                .producer
+                .tracker
+                .all_acknowledged(sent)
+                .map_err(|reason| self.poisoned(reason))?;
+            self.producer.tracker.transaction_committed();
+            offset
         };
-        let frozen = write(&self.state).freeze();
+        let frozen = {
+            let mut state = write(&self.state);
+            if state.active.is_empty() {
+                return Ok(());
+            }
+            state.freeze()
+        };
         // The position is the commit marker, right after the transaction's last record (see
         // the transaction module): an idle store then has nothing after its position, and a
-        // restore never takes it for a stale one.
-        self.apply_frozen(&frozen, offset + 1, SystemTime::now())
+        // restore never takes it for a stale one. A transaction in which this store sent
+        // nothing still commits its local writes (a stream time moved by `observe`) and its
+        // drops, at the position it had: dropping them would undo a commit whose input offsets
+        // moved on.
+        self.apply_frozen(
+            &frozen,
+            offset.map(|offset| (offset + 1, SystemTime::now())),
+        )
     }
 
     fn abort_starting(&self) {
@@ -917,11 +939,11 @@ impl KeyValueStore for LoggedStore {
         self.shared.check_usable()?;
         {
             let state = read(&self.shared.state);
-            if let Some(value) = state.active.map.get(key) {
-                return Ok(value.clone());
+            if let Some(value) = state.active.lookup(key) {
+                return Ok(value);
             }
-            if let Some(value) = state.frozen.as_ref().and_then(|f| f.get(key)) {
-                return Ok(value.clone());
+            if let Some(value) = state.frozen.as_ref().and_then(|f| f.lookup(key)) {
+                return Ok(value);
             }
         }
         // A commit writes RocksDB before it drops the frozen overlay, so a key missing from both
@@ -948,31 +970,41 @@ impl KeyValueStore for LoggedStore {
 
     fn scan(&self, range: &KeyRange, order: Order) -> Result<EntryIter<'_>> {
         self.shared.check_usable()?;
-        let overlay = {
+        let (overlay, dropped) = {
             let state = read(&self.shared.state);
-            let mut layers: Vec<&Map> = vec![&state.active.map];
+            let mut layers: Vec<(&Map, &[KeyRange])> =
+                vec![(&state.active.map, &state.active.drops)];
             if let Some(frozen) = &state.frozen {
-                layers.push(frozen);
+                layers.push((&frozen.map, &frozen.drops));
             }
-            overlay_range(&layers, range, order)
+            let dropped: Vec<KeyRange> = layers
+                .iter()
+                .flat_map(|(_, drops)| drops.iter().cloned())
+                .collect();
+            (overlay_range(&layers, range, order), dropped)
         };
         let stored = self.shared.store.scan(range, order)?;
-        Ok(Box::new(MergeScan::new(overlay, stored, order)))
+        Ok(Box::new(MergeScan::new(overlay, stored, dropped, order)))
     }
 
-    /// Drops the range from RocksDB at once, without a record in the changelog (its retention
-    /// removes them there). Writes still in the overlay stay, and land in RocksDB at their
-    /// commit: the contract of [`drop_range`](KeyValueStore::drop_range).
+    /// Drops the range without a record in the changelog (its retention removes them there).
+    /// Reads no longer see it at once; RocksDB drops it with the next commit, before that
+    /// commit's writes (the writes made since the drop land, inside the range too), because the
+    /// drop was decided by a write of the same commit (a window store's stream time): an abort
+    /// or a crash before it leaves the range in place, with the time it is live at.
     fn drop_range(&self, range: &KeyRange) -> Result<()> {
         self.shared.check_usable()?;
-        self.shared.store.drop_range(range)
+        let mut state = write(&self.shared.state);
+        state.active.drop_range(range);
+        state.recharge();
+        Ok(())
     }
 
     fn approximate_len(&self) -> Result<u64> {
         self.shared.check_usable()?;
         let pending = {
             let state = read(&self.shared.state);
-            state.active.len() + state.frozen.as_ref().map_or(0, |f| f.len())
+            state.active.len() + state.frozen.as_ref().map_or(0, |f| f.map.len())
         } as u64;
         Ok(self.shared.store.approximate_len()? + pending)
     }

@@ -16,6 +16,11 @@
 //! coordinator removes a static member only while that instance id still has that member id,
 //! so a process that restarted in the meantime (same instance id, new member id) is not
 //! removed: its entry comes back [`MemberRemoved::Fenced`].
+//!
+//! Why it trusts nothing it reads: the answer comes from whatever listens at the address a
+//! bootstrap broker named. A count is believed only as far as the bytes that remain can hold
+//! it (no allocation follows a number from the wire), and the whole call, name resolution and
+//! every read included, ends at the caller's deadline, however slowly the peer sends.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -144,19 +149,13 @@ fn find_coordinator(
                 continue;
             }
         };
-        let malformed = |problem: &str| MemberRemovalError::Malformed {
-            group: group.to_string(),
-            broker: broker.to_string(),
-            request: "FindCoordinator",
-            problem: problem.to_string(),
-        };
-        let mut r = Reader::new(&answer);
-        let _throttle = r.i32().ok_or_else(|| malformed("no throttle time"))?;
-        let error = r.i16().ok_or_else(|| malformed("no error code"))?;
-        let _message = r.nullable_string().ok_or_else(|| malformed("no message"))?;
-        let _node = r.i32().ok_or_else(|| malformed("no node id"))?;
-        let host = r.string().ok_or_else(|| malformed("no host"))?;
-        let port = r.i32().ok_or_else(|| malformed("no port"))?;
+        let (error, host, port) =
+            parse_find_coordinator(&answer).map_err(|problem| MemberRemovalError::Malformed {
+                group: group.to_string(),
+                broker: broker.to_string(),
+                request: "FindCoordinator",
+                problem: problem.to_string(),
+            })?;
         if error != code::NONE {
             return Err(MemberRemovalError::Broker {
                 group: group.to_string(),
@@ -198,31 +197,69 @@ fn leave_group(
         &body,
         deadline,
     )?;
-    let malformed = |problem: &str| MemberRemovalError::Malformed {
-        group: group.to_string(),
-        broker: coordinator.to_string(),
-        request: "LeaveGroup",
-        problem: problem.to_string(),
-    };
-    let mut r = Reader::new(&answer);
-    let _throttle = r.i32().ok_or_else(|| malformed("no throttle time"))?;
-    let error = r.i16().ok_or_else(|| malformed("no error code"))?;
-    if error != code::NONE {
-        return Err(MemberRemovalError::Broker {
+    match parse_leave_group(&answer) {
+        Ok(LeaveGroupAnswer::Members(outcomes)) => Ok(outcomes),
+        Ok(LeaveGroupAnswer::Refused(code)) => Err(MemberRemovalError::Broker {
             group: group.to_string(),
             broker: coordinator.to_string(),
             request: "LeaveGroup",
-            code: error,
-        });
+            code,
+        }),
+        Err(problem) => Err(MemberRemovalError::Malformed {
+            group: group.to_string(),
+            broker: coordinator.to_string(),
+            request: "LeaveGroup",
+            problem,
+        }),
     }
-    let count = r.i32().ok_or_else(|| malformed("no member count"))?;
-    let mut outcomes = Vec::with_capacity(count.max(0) as usize);
+}
+
+/// The fewest bytes one member takes in a `LeaveGroup` answer: an empty member id (2), a null
+/// instance id (2) and an error code (2).
+const MIN_MEMBER_BYTES: usize = 6;
+
+/// A `LeaveGroup` answer's body.
+#[derive(Debug, PartialEq, Eq)]
+enum LeaveGroupAnswer {
+    Members(Vec<(MemberToRemove, MemberRemoved)>),
+    /// The request as a whole was refused, with this code.
+    Refused(i16),
+}
+
+/// Parses a `FindCoordinator` v2 answer's body: error code, host, port.
+fn parse_find_coordinator(answer: &[u8]) -> Result<(i16, String, i32), &'static str> {
+    let mut r = Reader::new(answer);
+    let _throttle = r.i32().ok_or("no throttle time")?;
+    let error = r.i16().ok_or("no error code")?;
+    let _message = r.nullable_string().ok_or("no message")?;
+    let _node = r.i32().ok_or("no node id")?;
+    let host = r.string().ok_or("no host")?;
+    let port = r.i32().ok_or("no port")?;
+    Ok((error, host, port))
+}
+
+/// Parses a `LeaveGroup` v3 answer's body. Its member count is believed only as far as the
+/// bytes that remain can hold that many members.
+fn parse_leave_group(answer: &[u8]) -> Result<LeaveGroupAnswer, String> {
+    let mut r = Reader::new(answer);
+    let _throttle = r.i32().ok_or("no throttle time")?;
+    let error = r.i16().ok_or("no error code")?;
+    if error != code::NONE {
+        return Ok(LeaveGroupAnswer::Refused(error));
+    }
+    let count = r.i32().ok_or("no member count")?;
+    let count = usize::try_from(count).map_err(|_| format!("member count {count}"))?;
+    if count > r.rest.len() / MIN_MEMBER_BYTES {
+        return Err(format!(
+            "member count {count} in {} remaining bytes",
+            r.rest.len()
+        ));
+    }
+    let mut outcomes = Vec::with_capacity(count);
     for _ in 0..count {
-        let member_id = r.string().ok_or_else(|| malformed("no member id"))?;
-        let group_instance_id = r
-            .nullable_string()
-            .ok_or_else(|| malformed("no instance id"))?;
-        let error = r.i16().ok_or_else(|| malformed("no member error code"))?;
+        let member_id = r.string().ok_or("no member id")?;
+        let group_instance_id = r.nullable_string().ok_or("no instance id")?;
+        let error = r.i16().ok_or("no member error code")?;
         outcomes.push((
             MemberToRemove {
                 member_id,
@@ -231,7 +268,70 @@ fn leave_group(
             MemberRemoved::from_code(error),
         ));
     }
-    Ok(outcomes)
+    Ok(LeaveGroupAnswer::Members(outcomes))
+}
+
+/// Resolves `broker` (`host:port`) to its first address, giving up at `deadline`: a resolver
+/// that hangs is left to finish on a thread of its own.
+fn resolve(broker: &str, deadline: Instant) -> std::io::Result<std::net::SocketAddr> {
+    if let Ok(address) = broker.parse() {
+        return Ok(address);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = broker.to_string();
+    std::thread::Builder::new()
+        .name("kstate-resolve".into())
+        .spawn(move || {
+            let first = name.to_socket_addrs().map(|mut addresses| addresses.next());
+            let _ = tx.send(first);
+        })?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    match rx.recv_timeout(left) {
+        Ok(Ok(Some(address))) => Ok(address),
+        Ok(Ok(None)) => Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the address resolves to nothing",
+        )),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "resolving the address took past the deadline",
+        )),
+    }
+}
+
+/// Fills `buf` from `stream`, giving up at `deadline` (not per read: a peer sending a byte at a
+/// time cannot stretch it).
+fn read_until(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the answer was not complete by the deadline ({filled} of {} bytes)",
+                    buf.len()
+                ),
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the connection closed after {filled} of {} bytes",
+                        buf.len()
+                    ),
+                ));
+            }
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// One request and its answer's body (after the correlation id), on a connection of its own.
@@ -253,20 +353,10 @@ fn call(
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     };
-    let address = broker
-        .to_socket_addrs()
-        .map_err(io)?
-        .next()
-        .ok_or_else(|| {
-            io(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "the address resolves to nothing",
-            ))
-        })?;
+    let address = resolve(broker, deadline).map_err(io)?;
     let mut stream = TcpStream::connect_timeout(&address, left()).map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
     stream.set_write_timeout(Some(left())).map_err(io)?;
-    stream.set_read_timeout(Some(left())).map_err(io)?;
     let correlation: i32 = 1;
     let client_id = "kstate-member-removal";
     let mut request = Vec::with_capacity(body.len() + 32);
@@ -279,7 +369,7 @@ fn call(
     framed.extend_from_slice(&request);
     stream.write_all(&framed).map_err(io)?;
     let mut size = [0u8; 4];
-    stream.read_exact(&mut size).map_err(io)?;
+    read_until(&mut stream, &mut size, deadline).map_err(io)?;
     let size = i32::from_be_bytes(size);
     let malformed = |problem: String| MemberRemovalError::Malformed {
         group: group.to_string(),
@@ -295,7 +385,7 @@ fn call(
         return Err(malformed(format!("answer of {size} bytes")));
     }
     let mut answer = vec![0u8; size as usize];
-    stream.read_exact(&mut answer).map_err(io)?;
+    read_until(&mut stream, &mut answer, deadline).map_err(io)?;
     let got = i32::from_be_bytes([answer[0], answer[1], answer[2], answer[3]]);
     if got != correlation {
         return Err(malformed(format!(
@@ -398,6 +488,113 @@ mod tests {
             .expect_err("refused");
         assert!(matches!(e, MemberRemovalError::Unsupported { .. }), "{e}");
         assert!(e.to_string().contains("SASL_SSL"), "{e}");
+    }
+
+    /// A peer on 127.0.0.1 that answers FindCoordinator with itself and LeaveGroup with
+    /// `leave_group` (the whole frame after the size, correlation id included, is written
+    /// by `answer`).
+    fn hostile_coordinator(
+        answer: impl Fn(&mut TcpStream) + Send + 'static,
+    ) -> (String, std::thread::JoinHandle<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        let handle = std::thread::spawn(move || {
+            for connection in listener.incoming().take(2) {
+                let Ok(mut stream) = connection else { return };
+                let mut size = [0u8; 4];
+                if stream.read_exact(&mut size).is_err() {
+                    return;
+                }
+                let mut request = vec![0u8; i32::from_be_bytes(size) as usize];
+                if stream.read_exact(&mut request).is_err() {
+                    return;
+                }
+                let api_key = i16::from_be_bytes([request[0], request[1]]);
+                if api_key == FIND_COORDINATOR {
+                    let mut body = 1i32.to_be_bytes().to_vec(); // correlation id
+                    body.extend_from_slice(&0i32.to_be_bytes()); // throttle
+                    body.extend_from_slice(&0i16.to_be_bytes()); // error
+                    body.extend_from_slice(&(-1i16).to_be_bytes()); // message
+                    body.extend_from_slice(&0i32.to_be_bytes()); // node
+                    put_string(&mut body, "127.0.0.1");
+                    body.extend_from_slice(&i32::from(address.port()).to_be_bytes());
+                    let mut framed = (body.len() as i32).to_be_bytes().to_vec();
+                    framed.extend_from_slice(&body);
+                    let _ = stream.write_all(&framed);
+                } else {
+                    answer(&mut stream);
+                }
+            }
+        });
+        (address.to_string(), handle)
+    }
+
+    fn one_member() -> [MemberToRemove; 1] {
+        [MemberToRemove {
+            member_id: "m".into(),
+            group_instance_id: Some("i".into()),
+        }]
+    }
+
+    #[test]
+    fn a_leave_group_answer_claiming_two_billion_members_is_malformed() {
+        let (address, _peer) = hostile_coordinator(|stream| {
+            let mut body = 1i32.to_be_bytes().to_vec();
+            body.extend_from_slice(&0i32.to_be_bytes()); // throttle
+            body.extend_from_slice(&0i16.to_be_bytes()); // error
+            body.extend_from_slice(&i32::MAX.to_be_bytes()); // members
+            let mut framed = (body.len() as i32).to_be_bytes().to_vec();
+            framed.extend_from_slice(&body);
+            let _ = stream.write_all(&framed);
+        });
+        let client = ClientProperties::new(address);
+        let e = remove_group_members(&client, "g", &one_member(), Duration::from_secs(5))
+            .expect_err("malformed");
+        assert!(matches!(e, MemberRemovalError::Malformed { .. }), "{e}");
+        assert!(e.to_string().contains("2147483647"), "{e}");
+    }
+
+    #[test]
+    fn a_peer_sending_a_byte_at_a_time_cannot_hold_the_call_past_its_deadline() {
+        let (address, _peer) = hostile_coordinator(|stream| {
+            // A megabyte announced, then a byte every 100 ms: each read succeeds in time.
+            let _ = stream.write_all(&(1i32 << 20).to_be_bytes());
+            for _ in 0..100 {
+                if stream.write_all(&[0]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let client = ClientProperties::new(address);
+        let started = Instant::now();
+        let outcome = remove_group_members(&client, "g", &one_member(), Duration::from_secs(1));
+        let took = started.elapsed();
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert!(
+            took < Duration::from_secs(3),
+            "a call with a 1 s deadline took {took:?}"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_answer_makes_the_parsers_panic_or_allocate_past_its_size(
+            answer in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            count in proptest::prelude::any::<i32>(),
+        ) {
+            let _ = parse_find_coordinator(&answer);
+            // The same bytes after a header that claims `count` members.
+            let mut claimed = 0i32.to_be_bytes().to_vec();
+            claimed.extend_from_slice(&0i16.to_be_bytes());
+            claimed.extend_from_slice(&count.to_be_bytes());
+            claimed.extend_from_slice(&answer);
+            for bytes in [&answer[..], &claimed[..]] {
+                if let Ok(LeaveGroupAnswer::Members(members)) = parse_leave_group(bytes) {
+                    proptest::prop_assert!(members.len() <= bytes.len() / MIN_MEMBER_BYTES);
+                }
+            }
+        }
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! acknowledged it. Reads and scans merge the overlay over RocksDB. Unlike "write RocksDB first"
 //! (Kafka Streams, Samza), a background memtable flush can never persist a write whose send later
 //! fails (KAFKA-20685), so a crash never needs a full wipe.
+//!
+//! Range drops (a window store's expired segment) wait here too: a drop is decided by a
+//! stream time that is itself a write of the overlay, so it may reach RocksDB only with that
+//! write, in the same commit. Dropped any earlier, an abort or a crash would bring back the old
+//! stream time over a store that lost windows still live at it.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -18,14 +23,79 @@ use crate::key_prefix::PrefixedKey;
 /// bytes held in the map's own nodes, so an insert rarely follows a pointer to another key.
 pub(crate) type Map = BTreeMap<PrefixedKey, Option<Vec<u8>>>;
 
-/// An overlay map with its size, for the bounds.
+/// An overlay layer: ranges dropped, then the writes made since each drop, with their size
+/// for the bounds. A layer's writes are newer than its drops (a drop removes the layer's
+/// writes in its range), so a commit applies the drops first.
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
     pub(crate) map: Map,
+    pub(crate) drops: Vec<KeyRange>,
     pub(crate) bytes: usize,
 }
 
+/// A layer frozen for a commit: what [`Overlay`] held.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Frozen {
+    pub(crate) map: Map,
+    pub(crate) drops: Vec<KeyRange>,
+}
+
+impl Frozen {
+    /// What this layer says of `key`: `Some(value)` (`Some(None)`: deleted or dropped), or
+    /// `None` when older layers decide.
+    pub(crate) fn lookup(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        lookup(&self.map, &self.drops, key)
+    }
+}
+
+fn lookup(map: &Map, drops: &[KeyRange], key: &[u8]) -> Option<Option<Vec<u8>>> {
+    if let Some(value) = map.get(key) {
+        return Some(value.clone());
+    }
+    drops.iter().any(|d| d.contains(key)).then_some(None)
+}
+
 impl Overlay {
+    /// What this layer says of `key`, as [`Frozen::lookup`].
+    pub(crate) fn lookup(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        lookup(&self.map, &self.drops, key)
+    }
+
+    /// Drops `range`: this layer's writes in it go, and reads no longer see older ones.
+    pub(crate) fn drop_range(&mut self, range: &KeyRange) {
+        if range.is_empty() {
+            return;
+        }
+        let doomed: Vec<PrefixedKey> = self
+            .map
+            .range::<[u8], _>(range.as_bounds())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in doomed {
+            if let Some(value) = self.map.remove(key.as_slice()) {
+                self.bytes -= key.as_slice().len() + value.map_or(0, |v| v.len());
+            }
+        }
+        self.drops.push(range.clone());
+    }
+
+    /// Whether this layer holds nothing to commit: no write, no drop.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty() && self.drops.is_empty()
+    }
+
+    /// Empties this layer into a frozen one.
+    pub(crate) fn take_frozen(&mut self) -> (Frozen, usize) {
+        let taken = std::mem::take(self);
+        (
+            Frozen {
+                map: taken.map,
+                drops: taken.drops,
+            },
+            taken.bytes,
+        )
+    }
+
     pub(crate) fn insert(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
         let (key_len, value_len) = (key.len(), value.as_ref().map_or(0, Vec::len));
         match self.map.insert(PrefixedKey::new(key), value) {
@@ -38,27 +108,44 @@ impl Overlay {
         self.map.len()
     }
 
-    /// Puts `older`'s entries under this overlay's: keys this one holds keep their (newer)
-    /// values. How a frozen layer whose commit gave up returns to the active one.
-    pub(crate) fn put_under(&mut self, older: Map) {
-        for (key, value) in older {
+    /// Puts `older`'s drops and entries under this overlay's: keys this one holds keep their
+    /// (newer) values, and `older`'s entries in a range this one dropped stay dropped. How a
+    /// frozen layer whose commit gave up returns to the active one.
+    pub(crate) fn put_under(&mut self, older: Frozen) {
+        for (key, value) in older.map {
+            if self.drops.iter().any(|d| d.contains(key.as_slice())) {
+                continue;
+            }
             if let std::collections::btree_map::Entry::Vacant(slot) = self.map.entry(key) {
                 self.bytes += slot.key().as_slice().len() + value.as_ref().map_or(0, Vec::len);
                 slot.insert(value);
             }
         }
+        let mut drops = older.drops;
+        drops.append(&mut self.drops);
+        self.drops = drops;
     }
 }
 
-/// The overlay entries in `range` (newest layer first in `layers`), in scan order.
-pub(crate) fn overlay_range(layers: &[&Map], range: &KeyRange, order: Order) -> Vec<Mutation> {
+/// The overlay entries in `range` (newest layer first in `layers`, each a map and the ranges
+/// it dropped), in scan order. An older layer's entry in a range a newer layer dropped is not
+/// one of them; the store's own entries in any dropped range the caller hides
+/// ([`MergeScan::new`]).
+pub(crate) fn overlay_range(
+    layers: &[(&Map, &[KeyRange])],
+    range: &KeyRange,
+    order: Order,
+) -> Vec<Mutation> {
     if range.is_empty() {
         return Vec::new();
     }
     let mut merged: BTreeMap<&[u8], &Option<Vec<u8>>> = BTreeMap::new();
-    // Oldest first, so newer layers overwrite.
-    for layer in layers.iter().rev() {
-        for (k, v) in layer.range::<[u8], _>(range.as_bounds()) {
+    // Oldest first, so newer layers overwrite and drop.
+    for (map, drops) in layers.iter().rev() {
+        if !drops.is_empty() {
+            merged.retain(|k, _| !drops.iter().any(|d| d.contains(k)));
+        }
+        for (k, v) in map.range::<[u8], _>(range.as_bounds()) {
             merged.insert(k.as_slice(), v);
         }
     }
@@ -78,7 +165,22 @@ pub(crate) struct MergeScan<'a> {
 }
 
 impl<'a> MergeScan<'a> {
-    pub(crate) fn new(overlay: Vec<Mutation>, store: EntryIter<'a>, order: Order) -> Self {
+    /// The merge of `overlay` over `store`, whose entries in a range of `dropped` (the ranges
+    /// the overlay dropped, not yet dropped in the store) are hidden.
+    pub(crate) fn new(
+        overlay: Vec<Mutation>,
+        store: EntryIter<'a>,
+        dropped: Vec<KeyRange>,
+        order: Order,
+    ) -> Self {
+        let store: EntryIter<'a> = if dropped.is_empty() {
+            store
+        } else {
+            Box::new(store.filter(move |entry| match entry {
+                Ok((k, _)) => !dropped.iter().any(|d| d.contains(k)),
+                Err(_) => true,
+            }))
+        };
         MergeScan {
             overlay: overlay.into_iter().peekable(),
             store: store.peekable(),
@@ -141,7 +243,7 @@ mod tests {
         let mut newer = Overlay::default();
         newer.insert(b"a".to_vec(), Some(b"new!".to_vec()));
         newer.insert(b"c".to_vec(), Some(b"3".to_vec()));
-        newer.put_under(older.map);
+        newer.put_under(older.take_frozen().0);
         let entries: Vec<(&[u8], Option<&[u8]>)> = newer
             .map
             .iter()
@@ -157,5 +259,39 @@ mod tests {
         );
         // a + new!, b, c + 3
         assert_eq!(newer.bytes, 5 + 1 + 2);
+    }
+
+    #[test]
+    fn a_drop_removes_the_layers_writes_in_its_range_and_hides_older_layers() {
+        let mut older = Overlay::default();
+        older.insert(b"a1".to_vec(), Some(b"old".to_vec()));
+        older.insert(b"b1".to_vec(), Some(b"kept".to_vec()));
+        let mut newer = Overlay::default();
+        newer.insert(b"a2".to_vec(), Some(b"gone".to_vec()));
+        newer.drop_range(&KeyRange::prefix(b"a"));
+        newer.insert(b"a3".to_vec(), Some(b"after".to_vec()));
+        assert_eq!(newer.lookup(b"a2"), Some(None));
+        assert_eq!(newer.lookup(b"a3"), Some(Some(b"after".to_vec())));
+        assert_eq!(newer.lookup(b"b1"), None);
+        assert_eq!(newer.bytes, 2 + 5);
+        let older = older.take_frozen().0;
+        let scanned = overlay_range(
+            &[(&newer.map, &newer.drops), (&older.map, &older.drops)],
+            &KeyRange::all(),
+            Order::Forward,
+        );
+        assert_eq!(
+            scanned,
+            vec![
+                (b"a3".to_vec(), Some(b"after".to_vec())),
+                (b"b1".to_vec(), Some(b"kept".to_vec()))
+            ]
+        );
+        // Given back under the newer layer, the older one's write in the dropped range stays
+        // dropped, and its drops come first.
+        newer.put_under(older);
+        assert_eq!(newer.lookup(b"a1"), Some(None));
+        assert_eq!(newer.lookup(b"b1"), Some(Some(b"kept".to_vec())));
+        assert_eq!(newer.drops, vec![KeyRange::prefix(b"a")]);
     }
 }

@@ -73,12 +73,23 @@ impl ChangelogPosition {
         store: &RocksDbStore,
         data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
     ) -> kstate_core::Result<()> {
+        self.write_after_drops(store, &[], data)
+    }
+
+    /// Drops `drops`, then writes `data` and this position, in one atomic batch
+    /// ([`RocksDbStore::write_after_drops`]).
+    pub(crate) fn write_after_drops<'e>(
+        &self,
+        store: &RocksDbStore,
+        drops: &[kstate_core::KeyRange],
+        data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
+    ) -> kstate_core::Result<()> {
         let encoded = self.encode();
         let meta: Vec<(&[u8], Option<&[u8]>)> = encoded
             .iter()
             .map(|(k, v)| (*k, Some(v.as_slice())))
             .collect();
-        store.write_with_metadata(data, &meta)
+        store.write_after_drops(drops, data, &meta)
     }
 
     /// Writes this position and clears the reseed mark, in one atomic batch: the reseed that

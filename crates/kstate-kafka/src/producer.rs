@@ -602,6 +602,10 @@ impl SharedProducer {
         if let Some(headers) = headers {
             record = record.headers(headers);
         }
+        if let Some(transaction) = &self.transaction {
+            // Before the send: a commit that sees no record may leave out the input offsets.
+            transaction.record_sent();
+        }
         let mut deadline = None;
         loop {
             match self.inner.send(record) {

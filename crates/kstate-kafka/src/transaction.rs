@@ -163,6 +163,15 @@ impl SharedProducer {
             .is_some_and(|t| t.commit_is_requested())
     }
 
+    /// Whether the open transaction holds a record (a changelog record or an output) sent
+    /// through this producer. A commit of such a transaction must carry input offsets even
+    /// when no input moved (a TTL sweep's tombstones, a timer's outputs): `TxnOffsetCommit` is
+    /// where the broker checks the group generation, the only fence between a member that lost
+    /// its tasks and the new owner's changelogs.
+    pub fn transaction_holds_records(&self) -> bool {
+        self.transaction.as_ref().is_some_and(|t| t.holds_records())
+    }
+
     fn transaction_state(&self) -> Result<&Transaction, TransactionError> {
         self.transaction
             .as_deref()
@@ -387,6 +396,7 @@ impl SharedProducer {
         transaction: &Transaction,
         members: &[Arc<dyn TransactionMember>],
     ) -> Result<(), TransactionError> {
+        transaction.began();
         self.inner.begin_transaction().map_err(|e| {
             let fenced = matches!(&e, KafkaError::Transaction(t) if is_fencing(t.code()));
             let fatal = TransactionError::Fatal {

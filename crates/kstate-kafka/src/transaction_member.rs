@@ -16,6 +16,8 @@ pub(crate) struct Transaction {
     pub(crate) timeout: Duration,
     /// A store's overlay reached its bound: the owner should commit now.
     commit_requested: AtomicBool,
+    /// A record (changelog or output) was sent since the transaction began.
+    holds_records: AtomicBool,
 }
 
 impl Transaction {
@@ -24,7 +26,23 @@ impl Transaction {
             id,
             timeout,
             commit_requested: AtomicBool::new(false),
+            holds_records: AtomicBool::new(false),
         }
+    }
+
+    /// A record was sent in the open transaction.
+    pub(crate) fn record_sent(&self) {
+        self.holds_records.store(true, Ordering::Release);
+    }
+
+    /// Whether the open transaction holds any record.
+    pub(crate) fn holds_records(&self) -> bool {
+        self.holds_records.load(Ordering::Acquire)
+    }
+
+    /// A new transaction began: it holds nothing yet.
+    pub(crate) fn began(&self) {
+        self.holds_records.store(false, Ordering::Release);
     }
 
     /// Asks the producer's owner to commit soon (a full overlay must never be applied locally

@@ -141,6 +141,19 @@ pub(crate) struct Db {
     marks: Mutex<HashMap<StoreKey, Arc<AtomicU64>>>,
     /// The budget's account of writes held above this RocksDB ([`crate::PendingMemory`]).
     pub(crate) pending: crate::PendingMemory,
+    /// Dropped ranges whose SST files are still to be deleted: only once the flush that makes
+    /// their range tombstone durable has completed ([`Db::delete_files_after_flush`]).
+    dropped: Mutex<Vec<DroppedRange>>,
+}
+
+/// A range a store dropped with a range tombstone: column family, bounds with the store's
+/// prefix, and the write mark of the tombstone's write.
+#[derive(Debug)]
+struct DroppedRange {
+    cf: String,
+    lower: Vec<u8>,
+    upper: Vec<u8>,
+    mark: u64,
 }
 
 impl Db {
@@ -219,6 +232,7 @@ impl Db {
             flushed_at: Mutex::new(Instant::now()),
             marks: Mutex::new(HashMap::new()),
             pending: options.budget().pending().clone(),
+            dropped: Mutex::new(Vec::new()),
         })
     }
 
@@ -258,7 +272,52 @@ impl Db {
         *kstate_core::sync::lock(&self.flushed_at)
     }
 
-    /// Flushes every column family at once (atomic flush) and waits for it.
+    /// Deletes the SST files wholly inside `lower..upper` of column family `cf` once the write
+    /// whose mark is `mark` (the range tombstone) is durable, so that the disk space comes back
+    /// without waiting for a compaction. Never before: deleting files is durable at once (in the
+    /// MANIFEST) while the tombstone, without a WAL, is not until a flush, so a crash in between
+    /// would bring back a store that lost part of a range it still holds by its durable position.
+    pub(crate) fn delete_files_after_flush(
+        &self,
+        cf: &str,
+        lower: Vec<u8>,
+        upper: Vec<u8>,
+        mark: u64,
+    ) {
+        kstate_core::sync::lock(&self.dropped).push(DroppedRange {
+            cf: cf.to_string(),
+            lower,
+            upper,
+            mark,
+        });
+    }
+
+    /// Deletes the files of the dropped ranges whose tombstones are durable now. A failure only
+    /// warns: the files are dead weight a compaction removes.
+    fn delete_dropped_files(&self) {
+        let durable: Vec<DroppedRange> = {
+            let mut dropped = kstate_core::sync::lock(&self.dropped);
+            let (durable, waiting) = std::mem::take(&mut *dropped)
+                .into_iter()
+                .partition(|range| self.is_durable(range.mark));
+            *dropped = waiting;
+            durable
+        };
+        for range in durable {
+            let Some(cf) = self.db.cf_handle(&range.cf) else {
+                continue;
+            };
+            if let Err(e) = self
+                .db
+                .delete_file_in_range_cf(cf, &range.lower, &range.upper)
+            {
+                tracing::warn!(path = %self.path.display(), error = %e, "could not delete the files of a dropped range; a compaction will");
+            }
+        }
+    }
+
+    /// Flushes every column family at once (atomic flush) and waits for it, then deletes the
+    /// files of the ranges dropped before it.
     pub(crate) fn flush_all(&self) -> Result<(), rocksdb::Error> {
         let number = self.flushes.fetch_add(1, Ordering::SeqCst);
         let families: Vec<&rocksdb::ColumnFamily> = self
@@ -271,6 +330,7 @@ impl Db {
         self.db.flush_cfs_opt(&families, &opts)?;
         self.flushed.fetch_max(number + 1, Ordering::SeqCst);
         *kstate_core::sync::lock(&self.flushed_at) = Instant::now();
+        self.delete_dropped_files();
         Ok(())
     }
 }

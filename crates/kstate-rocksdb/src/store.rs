@@ -225,9 +225,34 @@ impl RocksDbStore {
         data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
         metadata: &[(&[u8], Option<&[u8]>)],
     ) -> Result<()> {
+        self.write_after_drops(&[], data, metadata)
+    }
+
+    /// [`write_with_metadata`](Self::write_with_metadata) after dropping `drops` (as
+    /// [`drop_range`](KeyValueStore::drop_range) does), all in one atomic RocksDB write: the
+    /// drops come first, so `data` lands even inside a dropped range. How a changelog-backed
+    /// store applies a commit whose writes include segment drops: a drop is as durable as the
+    /// commit that decided it, never more.
+    pub fn write_after_drops<'e>(
+        &self,
+        drops: &[KeyRange],
+        data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
+        metadata: &[(&[u8], Option<&[u8]>)],
+    ) -> Result<()> {
         self.check_open()?;
+        let data_cf = self.data_cf()?;
+        let mut bounds = Vec::with_capacity(drops.len());
+        for range in drops {
+            if let Some(b) = self.drop_bounds(range)? {
+                bounds.push(b);
+            }
+        }
         let meta = self.metadata_cf()?;
-        let mut wb = self.to_write_batch(self.data_cf()?, data);
+        let mut wb = WriteBatch::default();
+        for (lower, upper) in &bounds {
+            wb.delete_range_cf(data_cf, lower, upper);
+        }
+        self.add_to_write_batch(&mut wb, data_cf, data);
         for (k, v) in metadata {
             let k = self.meta_key(k);
             match v {
@@ -235,7 +260,49 @@ impl RocksDbStore {
                 None => wb.delete_cf(meta, k),
             }
         }
-        self.write_batch(wb, "write")
+        if wb.is_empty() {
+            return Ok(());
+        }
+        self.write_batch(
+            wb,
+            if bounds.is_empty() {
+                "write"
+            } else {
+                "drop range"
+            },
+        )?;
+        let mark = self.written.load(Ordering::SeqCst);
+        for (lower, upper) in bounds {
+            self.db
+                .delete_files_after_flush(&self.cf, lower, upper, mark);
+        }
+        Ok(())
+    }
+
+    /// `range`'s bounds in RocksDB's keys (with the store's prefix), `None` if it holds no key.
+    fn drop_bounds(&self, range: &KeyRange) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        if range.is_empty() {
+            return Ok(None);
+        }
+        let lower = match &range.lower {
+            Some(lower) => self.key(lower).into_owned(),
+            None => self.key_prefix.clone(),
+        };
+        // An unbounded upper side ends after the store's last key: RocksDB wants an end key.
+        let upper = match &range.upper {
+            Some(upper) => self.key(upper).into_owned(),
+            None => match prefix_successor(&self.key_prefix) {
+                Some(upper) if !self.key_prefix.is_empty() => upper,
+                _ => match self.edge_key(IteratorMode::End)? {
+                    Some(mut last) => {
+                        last.push(0);
+                        last
+                    }
+                    None => return Ok(None),
+                },
+            },
+        };
+        Ok((lower < upper).then_some((lower, upper)))
     }
 
     /// Writes `wb`, and records that this store wrote.
@@ -255,6 +322,16 @@ impl RocksDbStore {
         data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
     ) -> WriteBatch {
         let mut wb = WriteBatch::default();
+        self.add_to_write_batch(&mut wb, cf, data);
+        wb
+    }
+
+    fn add_to_write_batch<'e>(
+        &self,
+        wb: &mut WriteBatch,
+        cf: &rocksdb::ColumnFamily,
+        data: impl IntoIterator<Item = (&'e [u8], Option<&'e [u8]>)>,
+    ) {
         for (k, v) in data {
             let k = self.key(k);
             match v {
@@ -262,7 +339,6 @@ impl RocksDbStore {
                 None => wb.delete_cf(cf, k),
             }
         }
-        wb
     }
 
     /// Bulk load: writes `entries` (sorted by key, strictly ascending; `None` deletes) into one
@@ -536,45 +612,13 @@ impl KeyValueStore for RocksDbStore {
         self.write_batch(wb, "write")
     }
 
-    /// One range tombstone, then the SST files wholly inside the range are deleted, so the disk
-    /// space comes back without waiting for a compaction (Flink's rescale does the same). Both
-    /// take the same time whatever the range holds. Without a WAL the tombstone is durable at
-    /// the next flush; a crash before it brings the range back, and the layer above drops it
-    /// again (it must, by [`drop_range`](KeyValueStore::drop_range)'s contract, not read it).
+    /// One range tombstone; the SST files wholly inside the range are deleted after the next
+    /// flush, so the disk space comes back without waiting for a compaction (Flink's rescale
+    /// does the same). Both take the same time whatever the range holds. Without a WAL the
+    /// tombstone is durable at the next flush; a crash before it brings the range back, with
+    /// every file of it: what survives a crash is a prefix of the writes, the drop included.
     fn drop_range(&self, range: &KeyRange) -> Result<()> {
-        self.check_open()?;
-        if range.is_empty() {
-            return Ok(());
-        }
-        let lower = match &range.lower {
-            Some(lower) => self.key(lower).into_owned(),
-            None => self.key_prefix.clone(),
-        };
-        // An unbounded upper side ends after the store's last key: RocksDB wants an end key.
-        let upper = match &range.upper {
-            Some(upper) => self.key(upper).into_owned(),
-            None => match prefix_successor(&self.key_prefix) {
-                Some(upper) if !self.key_prefix.is_empty() => upper,
-                _ => match self.edge_key(IteratorMode::End)? {
-                    Some(mut last) => {
-                        last.push(0);
-                        last
-                    }
-                    None => return Ok(()),
-                },
-            },
-        };
-        if lower >= upper {
-            return Ok(());
-        }
-        let cf = self.data_cf()?;
-        let mut wb = WriteBatch::default();
-        wb.delete_range_cf(cf, &lower, &upper);
-        self.write_batch(wb, "drop range")?;
-        self.db
-            .db
-            .delete_file_in_range_cf(cf, &lower, &upper)
-            .map_err(|e| self.backend("delete files in dropped range", e))
+        self.write_after_drops(std::slice::from_ref(range), std::iter::empty(), &[])
     }
 
     fn scan(&self, range: &KeyRange, order: Order) -> Result<EntryIter<'_>> {

@@ -52,67 +52,16 @@ impl App {
             rocksdb.clone(),
         ));
         let state = shared.state.subscribe();
-        // One pool of restorer threads for every worker; it ends when every worker's job
-        // sender is gone.
-        let (jobs, job_rx) = std::sync::mpsc::channel();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        let cluster = crate::restorer::SharedCluster::default();
         let mut handles = Vec::new();
-        for r in 0..shared.config.restore_threads() {
-            let options = shared.config.rocksdb.clone();
-            let rocksdb = rocksdb.clone();
-            let listener = shared.config.restore_listener.clone();
-            let (job_rx, cluster) = (job_rx.clone(), cluster.clone());
-            let name = format!("kstate-restorer-{r}");
-            let restorer = std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || crate::restorer::run(job_rx, cluster, rocksdb, options, listener))
-                .map_err(|e| thread_error(name, e))?;
-            handles.push(restorer);
-        }
-        if let Some(timeout) = shared.config.failure_detection {
-            // Before the workers join: a restarted process beacons before its members can be
-            // taken for a silent one's.
-            let app = shared.clone();
-            let liveness = std::thread::Builder::new()
-                .name("kstate-liveness".into())
-                .spawn(move || crate::liveness::run(app, timeout))
-                .map_err(|e| thread_error("kstate-liveness".into(), e))?;
-            handles.push(liveness);
-        }
-        for index in 0..shared.config.threads {
-            let app = shared.clone();
-            let jobs = jobs.clone();
-            let worker = std::thread::Builder::new()
-                .name(format!("kstate-worker-{index}"))
-                .spawn(move || {
-                    // A processor's panic is caught where it is called; this is for the
-                    // runtime's own.
-                    let run = std::panic::AssertUnwindSafe(|| {
-                        crate::worker::run(index, app.clone(), jobs)
-                    });
-                    let result = std::panic::catch_unwind(run).unwrap_or_else(|payload| {
-                        Err(TaskError::Thread {
-                            name: format!("kstate-worker-{index}"),
-                            message: format!("panicked: {}", panic_message(&*payload)),
-                        })
-                    });
-                    if let Err(e) = result {
-                        // One failed worker stops the application: a restart restores.
-                        app.failed(Arc::new(e));
-                    }
-                })
-                .map_err(|e| thread_error(format!("kstate-worker-{index}"), e))?;
-            handles.push(worker);
-        }
-        drop(jobs);
-        if let Some(standbys) = shared.standbys.clone() {
-            let app = shared.clone();
-            let manager = std::thread::Builder::new()
-                .name("kstate-standbys".into())
-                .spawn(move || crate::standby::run(standbys, app))
-                .map_err(|e| thread_error("kstate-standbys".into(), e))?;
-            handles.push(manager);
+        if let Err(e) = start_threads(&shared, &rocksdb, &mut handles) {
+            // Nothing may run on without a handle to stop it: the workers already started
+            // would join the group and hold the RocksDB's lock, and a retry would fail on it.
+            shared.stop();
+            for handle in handles {
+                let _ = handle.join();
+            }
+            shared.close_state_db();
+            return Err(e);
         }
         tracing::info!(
             application_id = %shared.config.application_id,
@@ -170,6 +119,25 @@ fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
         }
         counts.push((topic.clone(), n));
     }
+    if config.failure_detection.is_some() {
+        // The beacons are read from partition 0 only: a topic of several partitions would
+        // cover only the processes whose beacons land there, silently.
+        let topic = crate::liveness::topic(&config.application_id);
+        let metadata = kstate_kafka::fetch_metadata(&probe, Some(&topic), Duration::from_secs(30))
+            .map_err(|source| TaskError::Cluster {
+                operation: "fetch liveness topic metadata",
+                bootstrap_servers: config.client.bootstrap_servers().to_string(),
+                source: Box::new(source),
+            })?;
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map_or(0, |t| t.partitions().len());
+        if partitions > 1 {
+            return Err(TaskError::LivenessTopic { topic, partitions });
+        }
+    }
     let first = counts[0].1;
     if counts.iter().any(|(_, n)| *n != first) {
         let counts = counts
@@ -180,6 +148,84 @@ fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
         return Err(TaskError::NotCoPartitioned { counts });
     }
     Ok(first)
+}
+
+/// Starts the restorers, the liveness thread, the workers and the standby manager, pushing
+/// each handle as it starts: on an error the caller stops and joins those in `handles`.
+fn start_threads(
+    shared: &Arc<AppShared>,
+    rocksdb: &SharedDb,
+    handles: &mut Vec<JoinHandle<()>>,
+) -> Result<(), TaskError> {
+    // One pool of restorer threads for every worker; it ends when every worker's job
+    // sender is gone.
+    let (jobs, job_rx) = std::sync::mpsc::channel();
+    let job_rx = Arc::new(Mutex::new(job_rx));
+    let cluster = crate::restorer::SharedCluster::default();
+    for r in 0..shared.config.restore_threads() {
+        let options = shared.config.rocksdb.clone();
+        let rocksdb = rocksdb.clone();
+        let listener = shared.config.restore_listener.clone();
+        let (job_rx, cluster) = (job_rx.clone(), cluster.clone());
+        let name = format!("kstate-restorer-{r}");
+        handles.push(spawn_thread(name, move || {
+            crate::restorer::run(job_rx, cluster, rocksdb, options, listener)
+        })?);
+    }
+    if let Some(timeout) = shared.config.failure_detection {
+        // Before the workers join: a restarted process beacons before its members can be
+        // taken for a silent one's.
+        let app = shared.clone();
+        handles.push(spawn_thread("kstate-liveness".into(), move || {
+            crate::liveness::run(app, timeout)
+        })?);
+    }
+    for index in 0..shared.config.threads {
+        let app = shared.clone();
+        let jobs = jobs.clone();
+        let worker = spawn_thread(format!("kstate-worker-{index}"), move || {
+            // A processor's panic is caught where it is called; this is for the
+            // runtime's own.
+            let run = std::panic::AssertUnwindSafe(|| crate::worker::run(index, app.clone(), jobs));
+            let result = std::panic::catch_unwind(run).unwrap_or_else(|payload| {
+                Err(TaskError::Thread {
+                    name: format!("kstate-worker-{index}"),
+                    message: format!("panicked: {}", panic_message(&*payload)),
+                })
+            });
+            if let Err(e) = result {
+                // One failed worker stops the application: a restart restores.
+                app.failed(Arc::new(e));
+            }
+        })?;
+        handles.push(worker);
+    }
+    drop(jobs);
+    if let Some(standbys) = shared.standbys.clone() {
+        let app = shared.clone();
+        handles.push(spawn_thread("kstate-standbys".into(), move || {
+            crate::standby::run(standbys, app)
+        })?);
+    }
+    Ok(())
+}
+
+/// Spawns the thread `name`.
+fn spawn_thread(
+    name: String,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, TaskError> {
+    #[cfg(test)]
+    if tests::spawn_fails(&name) {
+        return Err(thread_error(
+            name,
+            std::io::Error::new(std::io::ErrorKind::WouldBlock, "a test failed this spawn"),
+        ));
+    }
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(body)
+        .map_err(|e| thread_error(name, e))
 }
 
 /// A running application.
@@ -331,5 +377,75 @@ impl Drop for Running {
         if let Err(e) = self.wait() {
             tracing::warn!(error = %e, "the application ended with an error");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::time::{Duration, Instant};
+
+    use kstate_kafka::{ClientProperties, create_topic_if_missing};
+
+    use crate::{Context, Processor, Record, TaskId};
+
+    thread_local! {
+        /// The thread name whose spawn fails, on this (the test's) thread.
+        static FAILING_SPAWN: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn spawn_fails(name: &str) -> bool {
+        FAILING_SPAWN.with(|f| f.borrow().as_deref() == Some(name))
+    }
+
+    struct Nothing;
+
+    impl Processor for Nothing {
+        fn process(
+            &mut self,
+            _: &mut Context<'_>,
+            _: &Record<'_>,
+        ) -> Result<(), kstate_core::BoxError> {
+            Ok(())
+        }
+    }
+
+    fn live_threads(prefix: &str) -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .map(|tasks| {
+                tasks
+                    .flatten()
+                    .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                    .map(|comm| comm.trim().to_string())
+                    .filter(|comm| comm.starts_with(prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_start_that_fails_partway_leaves_no_thread_running() {
+        let servers = kstate_test_broker::bootstrap_servers().expect("a broker");
+        let input = kstate_test_broker::unique_topic("start-fails");
+        let client = ClientProperties::new(servers.clone());
+        create_topic_if_missing(&client, &input, 2, 1, &[], Duration::from_secs(30))
+            .expect("input topic");
+        let dir = tempfile::tempdir().expect("state dir");
+        let mut builder = crate::App::builder(format!("{input}-app"), servers);
+        builder.input(&input).threads(2).state_dir(dir.path());
+        let app = builder
+            .build(|_: TaskId| Box::new(Nothing) as Box<dyn Processor>)
+            .expect("builds");
+        FAILING_SPAWN.with(|f| *f.borrow_mut() = Some("kstate-worker-1".into()));
+        let started = app.start();
+        FAILING_SPAWN.with(|f| *f.borrow_mut() = None);
+        assert!(started.is_err(), "start succeeded with a failed spawn");
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut left = live_threads("kstate-");
+        while !left.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            left = live_threads("kstate-");
+        }
+        assert!(left.is_empty(), "threads left running: {left:?}");
     }
 }

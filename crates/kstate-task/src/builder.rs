@@ -71,7 +71,7 @@ impl AppBuilder {
                 threads: 1,
                 restore_threads: None,
                 commit_interval: Duration::from_millis(100),
-                replication_factor: 1,
+                replication_factor: kstate_kafka::BROKER_DEFAULT_REPLICATION,
                 group_protocol: GroupProtocol::CooperativeSticky,
                 revocation_timeout: Duration::from_secs(30),
                 consumer_properties: BTreeMap::new(),
@@ -228,8 +228,11 @@ impl AppBuilder {
         self
     }
 
-    /// The changelog topics' replication factor when created, and the least they must have.
-    /// Default 1 (a development cluster); production clusters want 3.
+    /// The replication factor of the topics the application creates (changelogs, the liveness
+    /// topic), and the least an existing changelog must have. Default
+    /// [`BROKER_DEFAULT_REPLICATION`](kstate_kafka::BROKER_DEFAULT_REPLICATION): the broker's
+    /// `default.replication.factor`, as Kafka Streams' `replication.factor` defaults to (3 on
+    /// a production cluster configured so, 1 on a development broker).
     pub fn replication_factor(&mut self, n: i32) -> &mut Self {
         self.config.replication_factor = n;
         self

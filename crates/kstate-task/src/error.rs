@@ -73,6 +73,19 @@ pub enum TaskError {
         counts: String,
     },
 
+    /// The failure detector's topic exists with more than one partition: its beacons are read
+    /// from one partition, so detection would cover only some processes.
+    #[error(
+        "the liveness topic {topic} has {partitions} partitions; failure detection needs it to \
+         have one: delete it (the application creates it again)"
+    )]
+    LivenessTopic {
+        /// The topic, `<application id>-liveness`.
+        topic: String,
+        /// Its partition count.
+        partitions: usize,
+    },
+
     /// An input topic does not exist.
     #[error("input topic {topic} does not exist on {bootstrap_servers}")]
     MissingInput {

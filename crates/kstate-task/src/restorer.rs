@@ -104,9 +104,22 @@ impl RestoreListener for Both {
     }
 }
 
-/// How long a restore waits for a task another handle of this process still holds (a task
+/// The least a restore waits for a task another handle of this process still holds (a task
 /// moved between two workers of the process, or revoked while restoring, is closing).
 const TASK_WAIT: Duration = Duration::from_secs(60);
+
+/// How long a restore of `stores` waits for its task while another handle of this process
+/// holds it: the holder may be a restore or a follower of the same stores that is waiting, up
+/// to its open timeout, for an open transaction to end (cancelled, it lets go within a poll;
+/// not every step of it can be cancelled), so the wait is at least that timeout and a margin.
+pub(crate) fn task_wait(stores: &[(String, ChangelogConfig)]) -> Duration {
+    let longest_open = stores
+        .iter()
+        .map(|(_, config)| config.opens_within())
+        .max()
+        .unwrap_or_default();
+    TASK_WAIT.max(longest_open + Duration::from_secs(30))
+}
 
 /// Whether an open failed because the task, or the RocksDB directory of its own an older kstate
 /// left (its LOCK), is still held: another task of this process is still closing it.
@@ -126,8 +139,9 @@ pub(crate) fn open_task_db(
     dir: &Path,
     options: &RocksDbOptions,
     cancel: &CancelToken,
+    wait: Duration,
 ) -> Result<TaskDb, ChangelogError> {
-    let deadline = Instant::now() + TASK_WAIT;
+    let deadline = Instant::now() + wait;
     let number = u32::try_from(task.partition).map_err(|_| {
         ChangelogError::Open(OpenError::Layout {
             path: dir.to_path_buf(),
@@ -381,7 +395,7 @@ fn restore_stores(
     clients: &mut ThreadClients,
 ) -> Result<Vec<RestoredStore>, ChangelogError> {
     let cancel = hooks.cancel.clone().unwrap_or_default();
-    let db = open_task_db(shared, task, dir, options, &cancel)?;
+    let db = open_task_db(shared, task, dir, options, &cancel, task_wait(&stores))?;
     stores
         .into_iter()
         .map(|(name, config)| restore_one(&db, &name, options, config, hooks, clients))

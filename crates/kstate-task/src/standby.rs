@@ -34,6 +34,7 @@ use kstate_kafka::{
 };
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::groups::GroupList;
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::ids::TaskId;
 use crate::placement::{RangePlacement, process_of};
@@ -208,20 +209,43 @@ impl Standbys {
         }
     }
 
-    /// Measures each standby's lag: its changelogs' ends against its positions.
-    fn measure_lag(&self, client: &BaseConsumer<ConnectionWatch>) {
+    /// Measures each standby's lag: its changelogs' ends against its positions. One
+    /// `ListOffsets` request for every changelog (bounded by `DESCRIBE_TIMEOUT` however many
+    /// standbys there are), and none once the application is stopping: with the broker gone,
+    /// a probe per changelog would hold the shutdown for minutes.
+    fn measure_lag(&self, app: &AppShared, client: &BaseConsumer<ConnectionWatch>) {
+        if app.stopping() {
+            return;
+        }
         let probes: Vec<(TaskId, Arc<FollowState>, Vec<ChangelogConfig>)> = lock(&self.followers)
             .by_task
             .iter()
             .map(|(task, f)| (*task, f.state.clone(), f.changelogs.clone()))
             .collect();
+        let mut ends = TopicPartitionList::new();
+        for c in probes.iter().flat_map(|(_, _, changelogs)| changelogs) {
+            if ends
+                .add_partition_offset(c.topic(), c.partition(), Offset::End)
+                .is_err()
+            {
+                return;
+            }
+        }
+        if ends.count() == 0 {
+            return;
+        }
+        let Ok(ends) = client.offsets_for_times(ends, DESCRIBE_TIMEOUT) else {
+            return;
+        };
         for (task, state, changelogs) in probes {
             let lag: Option<i64> = changelogs
                 .iter()
                 .map(|c| {
-                    let (_, high) = client
-                        .fetch_watermarks(c.topic(), c.partition(), DESCRIBE_TIMEOUT)
-                        .ok()?;
+                    let end = ends.find_partition(c.topic(), c.partition())?;
+                    let high = match (end.error(), end.offset()) {
+                        (Ok(()), Offset::Offset(high)) => high,
+                        _ => return None,
+                    };
                     let applied = lock(&state.positions).get(c.topic()).map_or(0, |p| p + 1);
                     Some((high - applied).max(0))
                 })
@@ -282,7 +306,8 @@ fn follow(
     };
     let options = &app.config.rocksdb;
     let dir = app.config.task_dir(task.partition);
-    let task_db = match crate::restorer::open_task_db(&db, task, &dir, options, cancel) {
+    let wait = crate::restorer::task_wait(&stores);
+    let task_db = match crate::restorer::open_task_db(&db, task, &dir, options, cancel, wait) {
         Ok(t) => t,
         Err(e) => {
             if !cancel.is_cancelled() {
@@ -413,7 +438,7 @@ pub(crate) fn run(standbys: Arc<Standbys>, app: Arc<AppShared>) {
             }
             Err(e) => tracing::debug!(error = %e, "could not read the group's members"),
         }
-        standbys.measure_lag(&client);
+        standbys.measure_lag(&app, &client);
     }
     standbys.stop_all();
 }

@@ -72,8 +72,8 @@ impl Timers {
             id,
             kind,
             every,
-            next_wall: now + every,
-            next_stream: stream_time.map(|t| t + every.as_millis() as i64),
+            next_wall: after(now, every),
+            next_stream: stream_time.map(|t| t.saturating_add(millis(every))),
         });
         id
     }
@@ -99,7 +99,7 @@ impl Timers {
             match t.kind {
                 TimeKind::WallClock => {
                     if now >= t.next_wall {
-                        t.next_wall = now + t.every;
+                        t.next_wall = after(now, t.every);
                         due.push(Timer {
                             id: t.id,
                             kind: t.kind,
@@ -109,10 +109,16 @@ impl Timers {
                 }
                 TimeKind::StreamTime => {
                     let Some(stream) = stream_time else { continue };
-                    let every = (t.every.as_millis() as i64).max(1);
-                    let next = *t.next_stream.get_or_insert(stream + every);
+                    let every = millis(t.every).max(1);
+                    let next = *t.next_stream.get_or_insert(stream.saturating_add(every));
                     if stream >= next {
-                        t.next_stream = Some(stream - (stream - next) % every + every);
+                        // The first multiple of `every` after `stream`, counted from `next`;
+                        // in i128, so that timestamps at the edges of i64 (any producer can
+                        // write them) neither overflow nor wrap: past i64::MAX it stays there.
+                        let (stream_, next_, every_) =
+                            (i128::from(stream), i128::from(next), i128::from(every));
+                        let following = stream_ - (stream_ - next_) % every_ + every_;
+                        t.next_stream = Some(i64::try_from(following).unwrap_or(i64::MAX));
                         due.push(Timer {
                             id: t.id,
                             kind: t.kind,
@@ -131,12 +137,49 @@ impl Timers {
     }
 }
 
+/// `every` after `now`; an interval past what an `Instant` holds is a century (never, in
+/// practice).
+fn after(now: Instant, every: Duration) -> Instant {
+    now.checked_add(every)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now)
+}
+
+/// `d` in whole milliseconds, at most `i64::MAX`.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn ids(timers: &[Timer]) -> Vec<u64> {
         timers.iter().map(|t| t.id.0).collect()
+    }
+
+    #[test]
+    fn timers_survive_the_largest_timestamps() {
+        let now = Instant::now();
+        for (scheduled_at, times) in [
+            (Some(i64::MAX - 1), vec![i64::MAX - 1, i64::MAX, i64::MAX]),
+            (Some(i64::MIN), vec![i64::MIN, 0, i64::MAX - 1, i64::MAX]),
+            (None, vec![i64::MIN, i64::MAX]),
+        ] {
+            let mut timers = Timers::default();
+            timers.schedule(
+                TimeKind::StreamTime,
+                Duration::from_millis(7),
+                now,
+                scheduled_at,
+            );
+            timers.schedule(TimeKind::StreamTime, Duration::MAX, now, scheduled_at);
+            for t in times {
+                for fired in timers.due(now, Some(t)) {
+                    assert_eq!(fired.time_ms, t);
+                }
+            }
+        }
     }
 
     #[test]

@@ -128,16 +128,24 @@ impl WindowOptions {
     }
 
     /// The start of every window holding time `t`, earliest first.
+    ///
+    /// Counted in i128: a timestamp at either edge of i64 (any producer can write one) never
+    /// overflows; a window that would start before `i64::MIN` is not among them.
     pub fn windows_containing(&self, t: i64) -> impl Iterator<Item = i64> + use<> {
-        let (size, advance) = (self.size, self.advance);
+        let (size, advance, t) = (
+            i128::from(self.size),
+            i128::from(self.advance),
+            i128::from(t),
+        );
         // The latest window starting at or before t, then back by advance while it still
         // covers t.
         let last = t - t.rem_euclid(advance);
         let first = last - ((size - 1) / advance) * advance;
         (0..)
-            .map(move |k| first + k * advance)
+            .map(move |k: i128| first + k * advance)
             .take_while(move |&start| start <= last)
             .filter(move |&start| start + size > t)
+            .filter_map(|start| i64::try_from(start).ok())
     }
 
     /// The time from which the window starting at `start` is final: its end plus the grace.
@@ -215,6 +223,32 @@ mod tests {
         assert_eq!(
             hopping.windows_containing(59_999).collect::<Vec<_>>(),
             [0, 20_000, 40_000]
+        );
+    }
+
+    #[test]
+    fn windows_containing_the_largest_times_do_not_overflow() {
+        let hopping = WindowOptions::hopping(Duration::from_secs(60), Duration::from_secs(20));
+        let tumbling = WindowOptions::tumbling(Duration::from_secs(60));
+        for options in [&hopping, &tumbling] {
+            for t in [i64::MAX, i64::MAX - 1, i64::MIN, i64::MIN + 1] {
+                let starts: Vec<i64> = options.windows_containing(t).collect();
+                for start in &starts {
+                    assert!(
+                        i128::from(*start) <= i128::from(t)
+                            && i128::from(*start) + i128::from(options.size_ms()) > i128::from(t),
+                        "window {start} does not hold {t}"
+                    );
+                }
+                if t > 0 {
+                    assert!(!starts.is_empty(), "no window holds {t}");
+                }
+            }
+        }
+        // At the bottom edge, only the windows that start at or after i64::MIN.
+        assert_eq!(
+            tumbling.windows_containing(i64::MIN).collect::<Vec<_>>(),
+            Vec::<i64>::new()
         );
     }
 

@@ -87,10 +87,15 @@ pub fn move_task_directory(into: &TaskDb, options: &RocksDbOptions) -> Result<()
         }
     }
     drop(source);
-    if !kept.is_empty() {
+    // Besides the undeclared stores of its own column families, the directory may hold what
+    // the oldest layout left of a store the application stopped declaring back then
+    // (`<task>/<store>/`, never adopted): a wipe refuses it, and it is not ours to delete.
+    let foreign = wipe::foreign_entries(old)?;
+    if !kept.is_empty() || !foreign.is_empty() {
         tracing::warn!(
             path = %old.display(),
             stores = ?kept,
+            other = ?foreign,
             "kept a task's RocksDB directory: it holds stores the application no longer declares \
              (its other stores were moved into the shared RocksDB); delete it by hand when they \
              are not needed"
@@ -142,4 +147,41 @@ fn copy(source: &RocksDbStore, store: &RocksDbStore) -> Result<u64, ChangelogErr
     store.write_with_metadata(std::iter::empty(), &records)?;
     store.flush()?;
     Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kstate_rocksdb::SharedDb;
+
+    #[test]
+    fn a_task_directory_with_an_undeclared_oldest_layout_store_is_kept_not_fatal()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let options = RocksDbOptions::default();
+        let task_dir = dir.path().join("0");
+        // The second layout: a RocksDB of the task's own with store `a`.
+        {
+            let db = TaskDb::open(&task_dir, &["a"], &options)?;
+            db.store("a")?.put(b"k", b"v")?;
+            db.store("a")?.flush()?;
+        }
+        // Inside it, what the oldest layout left of a store no longer declared.
+        {
+            let gone = RocksDbStore::open(task_dir.join("gone"), &options)?;
+            gone.put(b"old", b"entry")?;
+            gone.close()?;
+        }
+        let shared = SharedDb::open(dir.path().join("rocksdb"), &["a"], &options)?;
+        let task = shared.task(0, &task_dir)?;
+        move_task_directory(&task, &options)?;
+        assert_eq!(task.store("a")?.get(b"k")?.as_deref(), Some(&b"v"[..]));
+        assert!(
+            task_dir.join("gone").join("CURRENT").is_file(),
+            "the undeclared store's directory was deleted"
+        );
+        // A second start does the same, without an error.
+        move_task_directory(&task, &options)?;
+        Ok(())
+    }
 }

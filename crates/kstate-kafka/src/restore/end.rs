@@ -19,6 +19,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::config::ChangelogConfig;
 use crate::connection::ConnectionWatch;
 use crate::error::ChangelogError;
+use crate::restore::CancelToken;
 use crate::restore::consumer::RestoreConsumer;
 
 /// The partition's offsets at the start of a restore.
@@ -39,11 +40,14 @@ impl Watermarks {
 
 /// The partition's watermarks once no open transaction holds its stable offset below its end.
 /// `uncommitted` is a [`metadata_client`](crate::topic::metadata_client) (`read_uncommitted`),
-/// `committed` the restore's `read_committed` consumer.
+/// `committed` the restore's `read_committed` consumer. A `cancel`led wait returns
+/// [`ChangelogError::Cancelled`] within a poll interval: a follower or a restore revoked while
+/// an open transaction holds the partition must not hold its task until the transaction ends.
 pub(crate) fn capture_end(
     config: &ChangelogConfig,
     uncommitted: &BaseConsumer<ConnectionWatch>,
     committed: &RestoreConsumer,
+    cancel: Option<&CancelToken>,
 ) -> Result<Watermarks, ChangelogError> {
     let (topic, partition) = (config.topic.as_str(), config.partition);
     let unreachable = |source| ChangelogError::BrokerUnreachable {
@@ -72,6 +76,12 @@ pub(crate) fn capture_end(
     };
     let mut logged = false;
     loop {
+        if cancel.is_some_and(CancelToken::is_cancelled) {
+            return Err(ChangelogError::Cancelled {
+                topic: topic.to_string(),
+                partition,
+            });
+        }
         let (low, high) =
             watermarks(&|timeout| uncommitted.fetch_watermarks(topic, partition, timeout))?;
         let (_, stable) =

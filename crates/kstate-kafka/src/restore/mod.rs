@@ -292,6 +292,7 @@ fn check_and_capture(
     config: &ChangelogConfig,
     clients: &RestoreClients,
     create: bool,
+    cancel: Option<&CancelToken>,
 ) -> Result<(Option<TopicFacts>, Option<end::Watermarks>, Instant), ChangelogError> {
     let facts = clients.ensure_topic(config, create)?;
     let started = Instant::now();
@@ -300,6 +301,7 @@ fn check_and_capture(
             config,
             clients.probe(),
             &clients.consumer,
+            cancel,
         )?),
         None => None,
     };
@@ -315,16 +317,18 @@ fn capture_now(
     clients: &RestoreClients,
     create: bool,
     started: Instant,
+    cancel: Option<&CancelToken>,
 ) -> Result<(Option<TopicFacts>, Option<end::Watermarks>, Instant), ChangelogError> {
     let Some(facts) = clients.checked(config) else {
-        return check_and_capture(config, clients, create);
+        return check_and_capture(config, clients, create, cancel);
     };
-    match end::capture_end(config, clients.probe(), &clients.consumer) {
+    match end::capture_end(config, clients.probe(), &clients.consumer, cancel) {
         Ok(watermarks) => Ok((Some(facts), Some(watermarks), started)),
+        Err(e @ ChangelogError::Cancelled { .. }) => Err(e),
         // What a recent check found is out of date (the topic deleted since?): check again.
         Err(e) => {
             tracing::debug!(error = %e, "end offsets failed after a recent topic check; checking the topic again");
-            check_and_capture(config, clients, create)
+            check_and_capture(config, clients, create, cancel)
         }
     }
 }
@@ -388,7 +392,8 @@ pub(crate) fn restore(
     let (topic_facts, watermarks, started, plan) = match prefetched {
         Some((facts, end, plan)) => (Some(facts), Some(end), started, plan),
         None => {
-            let (topic_facts, watermarks, started) = capture_now(config, clients, create, started)?;
+            let (topic_facts, watermarks, started) =
+                capture_now(config, clients, create, started, hooks.cancel.as_ref())?;
             let delete_retention = topic_facts.as_ref().and_then(|f| f.delete_retention);
             let plan = decide(watermarks, delete_retention)?;
             (topic_facts, watermarks, started, plan)

@@ -124,15 +124,15 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
         // reading the next (a profile of the single-threaded restore spent a quarter of its
         // time writing). A rendezvous channel: one chunk being written while the next is
         // filled; written chunks come back to be refilled without reallocating.
-        let (to_writer, full_chunks) = std::sync::mpsc::sync_channel::<(Chunk, i64)>(0);
+        let (to_writer, full_chunks) = std::sync::mpsc::sync_channel::<(Chunk, ChunkEnd)>(0);
         let (to_reader, spare) = std::sync::mpsc::channel::<Chunk>();
         let writing = std::thread::Builder::new()
             .name("kstate-restore-writer".into())
             .spawn_scoped(scope, move || {
                 let _entered = writer_span.enter();
                 let mut writer = writer;
-                for (mut chunk, last_offset) in full_chunks {
-                    writer.write(&mut chunk, last_offset)?;
+                for (mut chunk, end) in full_chunks {
+                    writer.write(&mut chunk, end)?;
                     let _ = to_reader.send(chunk);
                 }
                 Ok::<_, ChangelogError>((writer.records, writer.batches))
@@ -161,6 +161,9 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
             let mut last_offset = start_offset - 1;
             let mut last_progress = Instant::now();
             let mut progress_offset = last_offset;
+            // A follower's last stored position and when it was stored with a fresh time.
+            let mut stored_offset = last_offset;
+            let mut refreshed = Instant::now();
             loop {
                 if cancel.is_some_and(CancelToken::is_cancelled) {
                     if follow {
@@ -207,7 +210,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                             // Send, then take the chunk the writer returned before it took
                             // this one: never more than two chunks.
                             if to_writer
-                                .send((std::mem::take(&mut batch), last_offset))
+                                .send((std::mem::take(&mut batch), ChunkEnd::at(last_offset)))
                                 .is_err()
                             {
                                 break; // the writer failed: its error is returned below
@@ -218,7 +221,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                             break;
                         }
                     }
-                    Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                    polled @ (Some(Err(KafkaError::PartitionEOF(_))) | None) => {
                         // Markers and compacted-away offsets leave gaps: the position, not the last
                         // record, says whether the end is reached.
                         let position = consumer_position(consumer, topic, partition);
@@ -226,18 +229,37 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                         if caught_up && !follow {
                             break;
                         }
-                        if follow && batch.read > 0 {
-                            end_chunk(&mut replay, last_record.as_ref(), &mut batch);
-                            // A follower applies what it has whenever the log goes quiet.
-                            if to_writer
-                                .send((std::mem::take(&mut batch), last_offset))
-                                .is_err()
-                            {
-                                break;
-                            }
-                            batch = spare.try_recv().unwrap_or_default();
-                        }
                         if follow {
+                            // A follower applies what it has whenever the log goes quiet. At
+                            // the partition's end it also stores the offsets the end covers
+                            // (markers after its last record) and a fresh `written_at`: every
+                            // record after that position was appended after this read, so a
+                            // promotion days later resumes instead of taking the position for
+                            // one older than the topic's delete.retention.ms.
+                            let at_end = polled.is_some();
+                            let covered =
+                                position.map_or(last_offset, |p| (p - 1).max(last_offset));
+                            let refresh = at_end
+                                && (covered > stored_offset
+                                    || refreshed.elapsed() >= WRITTEN_AT_REFRESH);
+                            if batch.read > 0 || refresh {
+                                end_chunk(&mut replay, last_record.as_ref(), &mut batch);
+                                let end = if at_end {
+                                    refreshed = Instant::now();
+                                    ChunkEnd {
+                                        offset: covered,
+                                        written_at: SystemTime::now()
+                                            .checked_sub(WRITTEN_AT_MARGIN),
+                                    }
+                                } else {
+                                    ChunkEnd::at(last_offset)
+                                };
+                                stored_offset = end.offset;
+                                if to_writer.send((std::mem::take(&mut batch), end)).is_err() {
+                                    break;
+                                }
+                                batch = spare.try_recv().unwrap_or_default();
+                            }
                             // Waiting for new records is what a follower does, not a stall.
                             continue;
                         }
@@ -273,7 +295,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
             }
             // The last chunk; a failed send means the writer stopped on an error.
             end_chunk(&mut replay, last_record.as_ref(), &mut batch);
-            let _ = to_writer.send((batch, last_offset));
+            let _ = to_writer.send((batch, ChunkEnd::at(last_offset)));
             Ok(())
         };
         let read = reader();
@@ -324,6 +346,32 @@ fn end_chunk(
     }
 }
 
+/// How often a follower at the partition's end stores its position again with a fresh
+/// `written_at`, when nothing else moved it.
+const WRITTEN_AT_REFRESH: Duration = Duration::from_secs(600);
+
+/// How far before the read that found the partition's end a follower dates its position: the
+/// fetch that found the end may have been served a little before the poll that reported it.
+const WRITTEN_AT_MARGIN: Duration = Duration::from_secs(30);
+
+/// Where a chunk ends: the offset its position stores, and a `written_at` newer than the
+/// writer's (`None`: the writer's).
+#[derive(Debug, Clone, Copy)]
+struct ChunkEnd {
+    offset: i64,
+    written_at: Option<SystemTime>,
+}
+
+impl ChunkEnd {
+    /// The end at record `offset`, dated as the writer dates its positions.
+    fn at(offset: i64) -> Self {
+        ChunkEnd {
+            offset,
+            written_at: None,
+        }
+    }
+}
+
 /// Writes restored chunks to RocksDB, each with the offset of its last record, and reports them.
 struct ChunkWriter<'a> {
     store: &'a RocksDbStore,
@@ -342,8 +390,23 @@ struct ChunkWriter<'a> {
 }
 
 impl ChunkWriter<'_> {
-    fn write(&mut self, chunk: &mut Chunk, last_offset: i64) -> Result<(), ChangelogError> {
+    fn write(&mut self, chunk: &mut Chunk, end: ChunkEnd) -> Result<(), ChangelogError> {
+        if let Some(fresh) = end.written_at {
+            // Every later position is at least as fresh: records after it came later still.
+            self.since = Some(fresh);
+        }
+        let last_offset = end.offset;
         if chunk.read == 0 {
+            if end.written_at.is_some() {
+                // A follower at the end, with no record since: the position alone moves.
+                ChangelogPosition {
+                    topic: self.topic.to_string(),
+                    partition: self.partition,
+                    offset: last_offset,
+                    written_at: self.since,
+                }
+                .write_with(self.store, std::iter::empty())?;
+            }
             return Ok(());
         }
         let (n, bytes) = (chunk.read, chunk.bytes.len());

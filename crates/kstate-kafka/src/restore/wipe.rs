@@ -34,28 +34,38 @@ fn is_rocksdb_file(name: &str) -> bool {
         || SUFFIXES.iter().any(|s| name.ends_with(s))
 }
 
-/// Checks that `path` holds only files RocksDB writes.
-fn check_is_store_directory(path: &Path) -> Result<(), ChangelogError> {
+/// What `path` holds besides the files RocksDB writes: each entry described ("the file
+/// \"x\"", "the directory or link \"y\""). A wipe refuses a directory holding any.
+pub(crate) fn foreign_entries(path: &Path) -> Result<Vec<String>, ChangelogError> {
     let io = |source| ChangelogError::Wipe {
         path: path.to_path_buf(),
         source,
     };
+    let mut foreign = Vec::new();
     for entry in std::fs::read_dir(path).map_err(io)? {
         let entry = entry.map_err(io)?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let is_file = entry.file_type().map_err(io)?.is_file();
         if !is_file || !is_rocksdb_file(&name) {
-            return Err(ChangelogError::NotAStoreDirectory {
-                path: path.to_path_buf(),
-                unexpected: if is_file {
-                    format!("the file {name:?}")
-                } else {
-                    format!("the directory or link {name:?}")
-                },
+            foreign.push(if is_file {
+                format!("the file {name:?}")
+            } else {
+                format!("the directory or link {name:?}")
             });
         }
     }
-    Ok(())
+    Ok(foreign)
+}
+
+/// Checks that `path` holds only files RocksDB writes.
+fn check_is_store_directory(path: &Path) -> Result<(), ChangelogError> {
+    match foreign_entries(path)?.into_iter().next() {
+        None => Ok(()),
+        Some(unexpected) => Err(ChangelogError::NotAStoreDirectory {
+            path: path.to_path_buf(),
+            unexpected,
+        }),
+    }
 }
 
 /// The copies this process's wipes are deleting right now.

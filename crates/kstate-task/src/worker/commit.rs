@@ -201,9 +201,11 @@ impl CommitPath for Transactional {
         for task in tasks.iter() {
             task.pending_offsets(&mut offsets);
         }
-        if offsets.count() == 0 && tasks.iter().any(|t| t.touched()) {
-            // No input moved, but a timer or an init may have written: one task's offsets all
-            // the same, for the generation check. (A transaction with nothing in it needs none.)
+        let wrote = self.producer.transaction_holds_records() || tasks.iter().any(|t| t.touched());
+        if offsets.count() == 0 && wrote {
+            // No input moved, but a timer, an init or a TTL sweep may have written: one task's
+            // offsets all the same, for the generation check. (A transaction with nothing in it
+            // needs none.)
             for task in tasks.iter() {
                 if task.current_offsets(&mut offsets) > 0 {
                     break;
