@@ -261,6 +261,112 @@ mod tests {
         assert_eq!(newer.bytes, 5 + 1 + 2);
     }
 
+    /// One step of the model test: a write, a drop, or a commit's freeze, give-back or apply.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Put(u8, u8),
+        Delete(u8),
+        Drop(u8, u8),
+        Freeze,
+        GiveBack,
+        Apply,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u8..16, any::<u8>()).prop_map(|(k, v)| Step::Put(k, v)),
+            1 => (0u8..16).prop_map(Step::Delete),
+            2 => (0u8..17, 0u8..17).prop_map(|(a, b)| Step::Drop(a.min(b), a.max(b))),
+            1 => Just(Step::Freeze),
+            1 => Just(Step::GiveBack),
+            1 => Just(Step::Apply),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The active layer, a frozen one and the store under them (applied as a commit
+        /// applies: drops first, then writes) read exactly as one map to which every write and
+        /// drop went at once, through any order of freezes, give-backs and applies.
+        #[test]
+        fn layers_and_drops_read_as_the_writes_applied_in_order(
+            steps in proptest::collection::vec(step(), 1..60),
+        ) {
+            let mut active = Overlay::default();
+            let mut frozen: Option<Frozen> = None;
+            let mut store: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            for step in steps {
+                match step {
+                    Step::Put(k, v) => {
+                        active.insert(vec![k], Some(vec![v]));
+                        model.insert(vec![k], vec![v]);
+                    }
+                    Step::Delete(k) => {
+                        active.insert(vec![k], None);
+                        model.remove(&vec![k]);
+                    }
+                    Step::Drop(lo, hi) => {
+                        let range = KeyRange { lower: Some(vec![lo]), upper: Some(vec![hi]) };
+                        active.drop_range(&range);
+                        model.retain(|k, _| !range.contains(k));
+                    }
+                    Step::Freeze => {
+                        if frozen.is_none() {
+                            frozen = Some(active.take_frozen().0);
+                        }
+                    }
+                    Step::GiveBack => {
+                        if let Some(f) = frozen.take() {
+                            active.put_under(f);
+                        }
+                    }
+                    Step::Apply => {
+                        if let Some(f) = frozen.take() {
+                            for d in &f.drops {
+                                store.retain(|k, _| !d.contains(k));
+                            }
+                            for (k, v) in f.map {
+                                match v {
+                                    Some(v) => store.insert(k.as_slice().to_vec(), v),
+                                    None => store.remove(k.as_slice()),
+                                };
+                            }
+                        }
+                    }
+                }
+                let counted: usize = active
+                    .map
+                    .iter()
+                    .map(|(k, v)| k.as_slice().len() + v.as_ref().map_or(0, Vec::len))
+                    .sum();
+                proptest::prop_assert_eq!(active.bytes, counted);
+                for k in 0u8..17 {
+                    let key = [k];
+                    let read = active
+                        .lookup(&key)
+                        .or_else(|| frozen.as_ref().and_then(|f| f.lookup(&key)))
+                        .unwrap_or_else(|| store.get(&key[..]).cloned());
+                    proptest::prop_assert_eq!(read.as_ref(), model.get(&key[..]), "key {}", k);
+                }
+                let mut layers: Vec<(&Map, &[KeyRange])> = vec![(&active.map, &active.drops)];
+                if let Some(f) = &frozen {
+                    layers.push((&f.map, &f.drops));
+                }
+                let dropped: Vec<KeyRange> =
+                    layers.iter().flat_map(|(_, d)| d.iter().cloned()).collect();
+                let overlay = overlay_range(&layers, &KeyRange::all(), Order::Forward);
+                let stored: EntryIter<'_> =
+                    Box::new(store.clone().into_iter().map(Ok::<_, kstate_core::Error>));
+                let scanned: Vec<Entry> = MergeScan::new(overlay, stored, dropped, Order::Forward)
+                    .collect::<Result<_>>()
+                    .expect("no store error");
+                let expected: Vec<Entry> = model.clone().into_iter().collect();
+                proptest::prop_assert_eq!(scanned, expected);
+            }
+        }
+    }
+
     #[test]
     fn a_drop_removes_the_layers_writes_in_its_range_and_hides_older_layers() {
         let mut older = Overlay::default();

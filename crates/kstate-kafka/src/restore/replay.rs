@@ -351,8 +351,10 @@ fn end_chunk(
 const WRITTEN_AT_REFRESH: Duration = Duration::from_secs(600);
 
 /// How far before the read that found the partition's end a follower dates its position: the
-/// fetch that found the end may have been served a little before the poll that reported it.
-const WRITTEN_AT_MARGIN: Duration = Duration::from_secs(30);
+/// fetch that found the end was served before the poll that reported it, by up to the
+/// follower's fetch wait (`FOLLOW_FETCH_WAIT`, 500 ms) and the time the event queued. Against
+/// a `delete.retention.ms` of hours, two seconds cost nothing.
+const WRITTEN_AT_MARGIN: Duration = Duration::from_secs(2);
 
 /// Where a chunk ends: the offset its position stores, and a `written_at` newer than the
 /// writer's (`None`: the writer's).
