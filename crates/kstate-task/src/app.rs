@@ -173,8 +173,8 @@ fn start_threads(
         })?);
     }
     if let Some(timeout) = shared.config.failure_detection {
-        // Before the workers join: a restarted process beacons before its members can be
-        // taken for a silent one's.
+        // Before the workers join, so that its beacons announce their members soon after they
+        // have joined.
         let app = shared.clone();
         handles.push(spawn_thread("kstate-liveness".into(), move || {
             crate::liveness::run(app, timeout)

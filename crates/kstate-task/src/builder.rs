@@ -157,16 +157,19 @@ impl AppBuilder {
     /// (at most 1 s; `heartbeat.interval.ms` overrides it), so the survivors join that
     /// rebalance quickly.
     ///
-    /// Silence is read from the beacons' log, with a process's own beacons as its clock: a
-    /// process that was starved or paused itself, or reads late, does not take the others'
-    /// unread beacons for silence. A process that was merely paused for longer than
-    /// `timeout` is removed like a dead one and fenced: its transactions and offset commits are
-    /// refused (the group's generation moved on), and it rejoins when it resumes.
+    /// Silence is read from the beacons' log, by the append times of a process's own beacons
+    /// (the topic is created with `message.timestamp.type=LogAppendTime`): a process that was
+    /// starved or paused itself, or reads late, does not take the others' unread beacons for
+    /// silence, and a stall of the topic's partition (its leader moving) is not silence either.
+    /// A process that was merely paused for longer than `timeout` is removed like a dead one
+    /// and fenced: its transactions and offset commits are refused (the group's generation
+    /// moved on), and it rejoins when it resumes.
     ///
-    /// Needs [`static_membership`](Self::static_membership) (a member is named by its
-    /// `group.instance.id`, so the removal cannot hit a restarted process's new member) and a
-    /// `PLAINTEXT` listener (librdkafka has no member removal call, and kstate's own speaks
-    /// plain TCP). Off by default.
+    /// Only the members a process announced in its own beacons are removed, each by its member
+    /// id and `group.instance.id` together: a process that restarted meanwhile has new member
+    /// ids, which the coordinator does not remove by the old ones. Needs
+    /// [`static_membership`](Self::static_membership) and a `PLAINTEXT` listener (librdkafka
+    /// has no member removal call, and kstate's own speaks plain TCP). Off by default.
     pub fn failure_detection(&mut self, timeout: Duration) -> &mut Self {
         self.config.failure_detection = Some(timeout);
         self

@@ -7,30 +7,36 @@
 //! wait was almost all of a failover with standbys (BENCHMARKS.md, "Failover and restart"). Heartbeating
 //! the broker faster does not help: the session timeout is what the broker waits for.
 //!
-//! **How.** One thread per process writes a beacon (key: the process's name, `<app-id>-<instance-id>`)
+//! **How.** One thread per process writes a beacon (key: the process's name, `<app-id>-<instance-id>`;
+//! value: the member ids its workers have in the group, as the group's description shows them)
 //! to the one-partition topic `<app-id>-liveness` every quarter of the timeout, and reads every
 //! process's beacons from that topic. When a process that was beaconing has been silent for the
-//! timeout, this process reads the group's members (DescribeGroups: each worker's `client.id`
-//! is its `group.instance.id`) and removes that process's members with `LeaveGroup`
+//! timeout, this process removes the members that process last announced with `LeaveGroup`
 //! ([`remove_group_members`]); the group rebalances at once, and the survivors (heartbeating
 //! every half timeout) join it. Every live process does this; the second removal finds the
 //! members gone and does nothing.
 //!
-//! **Safety.** Silence is read from the log, with this process's own beacons as the clock
-//! (see `Beacons`): another process is silent when this process's own beacons, read back, span
-//! more than the timeout (by this process's clock) with none of the other's between them. So
-//! clocks need not agree, and a reader that was itself paused or starved, or is behind in
-//! reading, cannot take the others' unread beacons for silence; one cut off from the broker
-//! reads nothing back and judges nobody. A member is removed by its member id and instance id
-//! together, so a process that restarted meanwhile (new member id) is left alone. A process
-//! that was only paused past the timeout is removed like a dead one and fenced when it resumes:
-//! its offset commits and transactions carry the old generation and are
-//! refused, and it rejoins as a new member.
+//! **Safety.** Silence is read from the log, with the log's own clock: the topic keeps each
+//! beacon's append time (`message.timestamp.type=LogAppendTime`), and another process is silent
+//! when this process's own beacons, read back, span more than the timeout of append time with
+//! none of the other's between them (see `Beacons`). So clocks need not agree; a reader that
+//! was itself paused or starved, or is behind in reading, cannot take the others' unread
+//! beacons for silence; one cut off from the broker reads nothing back and judges nobody; and a
+//! stall of the partition (a leader moving) is no silence either: every process's queued
+//! beacons are appended when the partition is back, with append times of that moment. A member
+//! is removed by the member id *its own process announced* and its instance id together: a
+//! process that restarted meanwhile has new member ids, which no beacon of the old one named,
+//! and the coordinator refuses a removal by the old id once the instance id has a new one
+//! ([`MemberRemoved::Fenced`]). A process that announced nothing yet (it died before it joined)
+//! is left to the session timeout. A process that was only paused past the timeout is removed
+//! like a dead one and fenced when it resumes: its offset commits and transactions carry the old
+//! generation and are refused, and it rejoins as a new member.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kstate_core::sync::lock;
 use kstate_kafka::{MemberRemoved, MemberToRemove, create_topic_if_missing, remove_group_members};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -45,100 +51,149 @@ use crate::shared::AppShared;
 const RETENTION: &str = "600000";
 /// How long a topic creation, a DescribeGroups or a removal may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a process reads its own members' ids from the group's description.
+const MEMBERS_REFRESH: Duration = Duration::from_secs(1);
+/// The first byte of a beacon that announces member ids.
+const ANNOUNCING: u8 = 1;
 
 /// The beacons' topic of application `application_id`.
 pub(crate) fn topic(application_id: &str) -> String {
     format!("{application_id}-liveness")
 }
 
-/// What the beacons read so far say, with this process's own beacons as the clock.
+/// A beacon's value: the members its process announces (member id, instance id).
+fn encode_members(members: &[MemberToRemove]) -> Vec<u8> {
+    let mut out = vec![ANNOUNCING];
+    let fits = |s: &str| u16::try_from(s.len()).is_ok();
+    let members: Vec<_> = members
+        .iter()
+        .filter(|m| fits(&m.member_id) && m.group_instance_id.as_deref().is_some_and(fits))
+        .take(usize::from(u16::MAX))
+        .collect();
+    out.extend_from_slice(&(members.len() as u16).to_be_bytes());
+    for m in members {
+        for s in [
+            m.member_id.as_str(),
+            m.group_instance_id.as_deref().unwrap_or_default(),
+        ] {
+            out.extend_from_slice(&(s.len() as u16).to_be_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+    out
+}
+
+/// The members a beacon's value announces; none for a value that announces nothing (a beacon of
+/// an older kstate: a sequence number) or does not parse.
+fn decode_members(value: &[u8]) -> Vec<MemberToRemove> {
+    fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if rest.len() < n {
+            return None;
+        }
+        let (head, tail) = rest.split_at(n);
+        *rest = tail;
+        Some(head)
+    }
+    fn string(rest: &mut &[u8]) -> Option<String> {
+        let len = take(rest, 2)?;
+        let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+        String::from_utf8(take(rest, len)?.to_vec()).ok()
+    }
+    let parse = || -> Option<Vec<MemberToRemove>> {
+        let mut rest = value;
+        if take(&mut rest, 1)? != [ANNOUNCING] {
+            return None;
+        }
+        let count = take(&mut rest, 2)?;
+        let count = usize::from(u16::from_be_bytes([count[0], count[1]]));
+        // Each member takes at least 4 bytes: no count from the wire sizes an allocation.
+        let mut members = Vec::with_capacity(count.min(rest.len() / 4));
+        for _ in 0..count {
+            let member_id = string(&mut rest)?;
+            let instance = string(&mut rest)?;
+            members.push(MemberToRemove {
+                member_id,
+                group_instance_id: Some(instance),
+            });
+        }
+        Some(members)
+    };
+    parse().unwrap_or_default()
+}
+
+/// What the beacons read so far say, with the append times of this process's own beacons as
+/// the clock.
 ///
 /// Silence is measured in the log, not by when beacons reach this reader: the topic has one
-/// partition, so when this process reads back its own beacon *s*, it has read every beacon
-/// appended before it. Another process is silent for at least the time between the sending of
-/// the first own beacon after its latest one and the sending of the latest own beacon read
-/// back. A reader that was itself paused or slow cannot mistake that for silence: the others'
-/// beacons of that time sit in the log between its own, and reset their silence.
+/// partition, so when this process reads back its own beacon, it has read every beacon
+/// appended before it. Another process is silent for the append time its own beacons read back
+/// since its latest one span, each step between two own beacons counting at most `max_step`
+/// (two beacon intervals). A reader that was itself paused or slow cannot mistake its pause for
+/// silence: the others' beacons of that time sit in the log between its own, and reset their
+/// silence. A stall of the partition (its leader moving) is no silence either: nobody's beacons
+/// are appended meanwhile, and the step across it counts `max_step` only.
 #[derive(Debug)]
 struct Beacons {
     me: String,
-    next_seq: u64,
-    /// Own beacons sent and not read back yet: sequence number, when sent.
-    sent: VecDeque<(u64, Instant)>,
-    /// When the latest own beacon read back was sent: how far the log has been read.
-    clock: Option<Instant>,
+    /// The most one step between two own beacons counts.
+    max_step: i64,
+    /// The append time (ms) of the latest own beacon read back: how far the log has been read.
+    clock: Option<i64>,
     others: BTreeMap<String, Other>,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Other {
-    /// When the first own beacon after its latest one was sent; `None`: its latest beacon is
-    /// after every own beacon read back.
-    quiet_since: Option<Instant>,
+    /// How long it has been silent (ms), counted from the first own beacon after its latest
+    /// one; `None`: its latest beacon is after every own beacon read back.
+    quiet: Option<i64>,
     /// Its members were removed, and it has not beaconed since.
     removed: bool,
+    /// The members its latest beacon announced.
+    announced: Vec<MemberToRemove>,
 }
 
-/// At most this many own beacons are remembered while none comes back.
-const MAX_UNREAD: usize = 1024;
-
 impl Beacons {
-    fn new(me: String) -> Self {
+    fn new(me: String, max_step: Duration) -> Self {
         Beacons {
             me,
-            next_seq: 0,
-            sent: VecDeque::new(),
+            max_step: i64::try_from(max_step.as_millis()).unwrap_or(i64::MAX),
             clock: None,
             others: BTreeMap::new(),
         }
     }
 
-    /// An own beacon is sent at `at`: its sequence number.
-    fn sending(&mut self, at: Instant) -> u64 {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        if self.sent.len() == MAX_UNREAD {
-            self.sent.pop_front();
-        }
-        self.sent.push_back((seq, at));
-        seq
-    }
-
-    /// A beacon of `process` (with sequence number `seq`) was read.
-    fn received(&mut self, process: &str, seq: Option<u64>) {
+    /// A beacon of `process`, appended at `appended` (ms), announcing `members`, was read.
+    fn received(&mut self, process: &str, appended: i64, members: Vec<MemberToRemove>) {
         if process != self.me {
-            *self.others.entry(process.to_string()).or_default() = Other::default();
+            *self.others.entry(process.to_string()).or_default() = Other {
+                announced: members,
+                ..Other::default()
+            };
             return;
         }
-        let Some(seq) = seq else {
-            return;
-        };
-        // Earlier own beacons that never came back are dropped with it.
-        while let Some(&(s, at)) = self.sent.front() {
-            if s > seq {
-                break;
-            }
-            self.sent.pop_front();
-            if s == seq {
-                self.clock = Some(at);
-                for other in self.others.values_mut() {
-                    other.quiet_since.get_or_insert(at);
-                }
-            }
+        let step = self
+            .clock
+            .map_or(0, |c| appended.saturating_sub(c).clamp(0, self.max_step));
+        self.clock = Some(self.clock.map_or(appended, |c| c.max(appended)));
+        for other in self.others.values_mut() {
+            other.quiet = Some(other.quiet.map_or(0, |q| q.saturating_add(step)));
         }
     }
 
-    /// The processes silent for longer than `timeout` and not yet removed, with how long.
-    fn silent(&self, timeout: Duration) -> Vec<(String, Duration)> {
-        let Some(clock) = self.clock else {
-            return Vec::new();
-        };
+    /// The processes silent for longer than `timeout` and not yet removed, with how long and
+    /// the members they last announced.
+    fn silent(&self, timeout: Duration) -> Vec<(String, Duration, Vec<MemberToRemove>)> {
+        let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
         self.others
             .iter()
             .filter(|(_, o)| !o.removed)
             .filter_map(|(p, o)| {
-                let quiet = clock.saturating_duration_since(o.quiet_since?);
-                (quiet > timeout).then(|| (p.clone(), quiet))
+                let quiet = o.quiet?;
+                (quiet > timeout_ms).then(|| {
+                    let quiet = Duration::from_millis(u64::try_from(quiet).unwrap_or_default());
+                    (p.clone(), quiet, o.announced.clone())
+                })
             })
             .collect()
     }
@@ -146,6 +201,39 @@ impl Beacons {
     fn mark_removed(&mut self, process: &str) {
         if let Some(o) = self.others.get_mut(process) {
             o.removed = true;
+        }
+    }
+}
+
+/// This process's members as the group's description shows them (member id, instance id),
+/// every [`MEMBERS_REFRESH`] until the application stops; what the beacons announce.
+fn watch_own_members(app: &AppShared, client: &BaseConsumer, own: &Mutex<Vec<MemberToRemove>>) {
+    let config = &app.config;
+    let group = config.application_id.as_str();
+    let instances: Vec<String> = (0..config.threads)
+        .filter_map(|w| config.group_instance_id(w))
+        .collect();
+    while !app.stopping() {
+        match client.fetch_group_list(Some(group), REQUEST_TIMEOUT) {
+            Ok(groups) => {
+                let members: Vec<MemberToRemove> = groups
+                    .groups()
+                    .iter()
+                    .filter(|g| g.name() == group)
+                    .flat_map(|g| g.members())
+                    .filter(|m| instances.iter().any(|i| i == m.client_id()))
+                    .map(|m| MemberToRemove {
+                        member_id: m.id().to_string(),
+                        group_instance_id: Some(m.client_id().to_string()),
+                    })
+                    .collect();
+                *lock(own) = members;
+            }
+            Err(e) => tracing::debug!(error = %e, "reading this process's members"),
+        }
+        let until = Instant::now() + MEMBERS_REFRESH;
+        while !app.stopping() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -163,7 +251,11 @@ pub(crate) fn run(app: Arc<AppShared>, timeout: Duration) {
         &topic,
         1,
         config.replication_factor,
-        &[("cleanup.policy", "delete"), ("retention.ms", RETENTION)],
+        &[
+            ("cleanup.policy", "delete"),
+            ("retention.ms", RETENTION),
+            ("message.timestamp.type", "LogAppendTime"),
+        ],
         REQUEST_TIMEOUT,
     );
     if let Err(e) = created {
@@ -186,9 +278,10 @@ pub(crate) fn run(app: Arc<AppShared>, timeout: Duration) {
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "10")
         .create();
-    let (producer, consumer) = match (producer, consumer) {
-        (Ok(p), Ok(c)) => (p, c),
-        (Err(e), _) | (_, Err(e)) => {
+    let describer: Result<BaseConsumer, _> = config.client.client_config().create();
+    let (producer, consumer, describer) = match (producer, consumer, describer) {
+        (Ok(p), Ok(c), Ok(d)) => (p, c, d),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
             tracing::warn!(error = %config.client.redact_error(e), "no failure detection: could not create its clients");
             return;
         }
@@ -201,17 +294,40 @@ pub(crate) fn run(app: Arc<AppShared>, timeout: Duration) {
         tracing::warn!(%topic, error = %e, "no failure detection: could not read the liveness topic");
         return;
     }
+    let own = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let watcher = std::thread::Builder::new()
+            .name("kstate-members".into())
+            .spawn_scoped(scope, || watch_own_members(&app, &describer, &own));
+        if let Err(e) = watcher {
+            tracing::warn!(error = %e, "no failure detection: could not start its member watcher");
+            return;
+        }
+        beacon_and_judge(&app, timeout, &topic, &me, &producer, &consumer, &own);
+    });
+}
+
+/// The liveness loop: a beacon every quarter of `timeout`, every beacon read, every silent
+/// process judged.
+fn beacon_and_judge(
+    app: &AppShared,
+    timeout: Duration,
+    topic: &str,
+    me: &str,
+    producer: &BaseProducer,
+    consumer: &BaseConsumer,
+    own: &Mutex<Vec<MemberToRemove>>,
+) {
     let interval = (timeout / 4).max(Duration::from_millis(10));
     tracing::info!(%topic, process = %me, ?timeout, "failure detection on");
-    let mut beacons = Beacons::new(me.clone());
+    let mut beacons = Beacons::new(me.to_string(), interval * 2);
+    let mut warned_create_time = false;
     let mut next_beacon = Instant::now();
     while !app.stopping() {
         let now = Instant::now();
         if now >= next_beacon {
-            let seq = beacons.sending(now).to_be_bytes();
-            let beacon = BaseRecord::<str, [u8]>::to(&topic)
-                .key(me.as_str())
-                .payload(&seq);
+            let value = encode_members(&lock(own));
+            let beacon = BaseRecord::<str, [u8]>::to(topic).key(me).payload(&value);
             if let Err((e, _)) = producer.send(beacon) {
                 tracing::debug!(error = %e, "a liveness beacon was not sent");
             }
@@ -225,58 +341,46 @@ pub(crate) fn run(app: Arc<AppShared>, timeout: Duration) {
             wait = Duration::ZERO;
             match received {
                 Ok(message) => {
-                    if let Some(Ok(process)) = message.key_view::<str>() {
-                        let seq = message
-                            .payload()
-                            .and_then(|p| p.try_into().ok())
-                            .map(u64::from_be_bytes);
-                        beacons.received(process, seq);
+                    let stamp = message.timestamp();
+                    if let rdkafka::Timestamp::CreateTime(_) = stamp
+                        && !warned_create_time
+                    {
+                        warned_create_time = true;
+                        tracing::warn!(%topic, "the liveness topic keeps its producers' create times, not append times: a stall of its partition may be taken for silence; delete it (the application creates it again with message.timestamp.type=LogAppendTime)");
+                    }
+                    if let (Some(Ok(process)), Some(appended)) =
+                        (message.key_view::<str>(), stamp.to_millis())
+                    {
+                        let members = decode_members(message.payload().unwrap_or_default());
+                        beacons.received(process, appended, members);
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "reading liveness beacons"),
             }
         }
-        for (process, silent_for) in beacons.silent(timeout) {
-            if remove_process(&app, &consumer, &process, silent_for) {
+        for (process, silent_for, announced) in beacons.silent(timeout) {
+            if remove_process(app, &process, silent_for, &announced) {
                 beacons.mark_removed(&process);
             }
         }
     }
 }
 
-/// Removes the members of `process` from the group. True when there is nothing more to do
-/// (removed, or none found); false to try again at the next look.
+/// Removes the members `process` announced from the group. True when there is nothing more to
+/// do (removed, fenced, gone, or none announced); false to try again at the next look.
 fn remove_process(
     app: &AppShared,
-    client: &BaseConsumer,
     process: &str,
     silent_for: Duration,
+    announced: &[MemberToRemove],
 ) -> bool {
     let config = &app.config;
     let group = &config.application_id;
-    let groups = match client.fetch_group_list(Some(group), REQUEST_TIMEOUT) {
-        Ok(g) => g,
-        Err(e) => {
-            tracing::warn!(%process, error = %e, "a process is silent, but the group's members could not be read");
-            return false;
-        }
-    };
-    let members: Vec<MemberToRemove> = groups
-        .groups()
-        .iter()
-        .filter(|g| g.name() == group.as_str())
-        .flat_map(|g| g.members())
-        .filter(|m| process_of(m.client_id()) == process)
-        .map(|m| MemberToRemove {
-            member_id: m.id().to_string(),
-            group_instance_id: Some(m.client_id().to_string()),
-        })
-        .collect();
-    if members.is_empty() {
-        tracing::debug!(%process, "a silent process has no members in the group");
+    if announced.is_empty() {
+        tracing::info!(%process, "a silent process announced no members: its session timeout removes them");
         return true;
     }
-    match remove_group_members(&config.client, group, &members, REQUEST_TIMEOUT) {
+    match remove_group_members(&config.client, group, announced, REQUEST_TIMEOUT) {
         Ok(outcomes) => {
             let removed = outcomes
                 .iter()
@@ -304,90 +408,139 @@ mod tests {
     use super::*;
 
     const TIMEOUT: Duration = Duration::from_secs(1);
-    const STEP: Duration = Duration::from_millis(250);
+    const STEP: i64 = 250;
 
-    /// Sends and reads back an own beacon at `at`.
-    fn tick(b: &mut Beacons, at: Instant) {
-        let seq = b.sending(at);
-        b.received("me", Some(seq));
+    fn beacons() -> Beacons {
+        Beacons::new("me".into(), Duration::from_millis(2 * STEP as u64))
+    }
+
+    fn member(id: &str, instance: &str) -> MemberToRemove {
+        MemberToRemove {
+            member_id: id.into(),
+            group_instance_id: Some(instance.into()),
+        }
+    }
+
+    fn names(silent: &[(String, Duration, Vec<MemberToRemove>)]) -> Vec<(&str, Duration)> {
+        silent.iter().map(|(p, d, _)| (p.as_str(), *d)).collect()
     }
 
     #[test]
     fn a_process_is_silent_once_the_own_beacons_read_back_span_the_timeout_without_it() {
-        let t0 = Instant::now();
-        let mut b = Beacons::new("me".into());
-        b.received("other", Some(0));
+        let mut b = beacons();
+        b.received("other", 0, Vec::new());
         for i in 0..=4 {
-            tick(&mut b, t0 + STEP * i);
+            b.received("me", STEP * i, Vec::new());
         }
         assert!(b.silent(TIMEOUT).is_empty(), "1 s exactly is not more");
-        tick(&mut b, t0 + STEP * 5);
-        assert_eq!(b.silent(TIMEOUT), vec![("other".to_string(), STEP * 5)]);
+        b.received("me", STEP * 5, Vec::new());
+        assert_eq!(
+            names(&b.silent(TIMEOUT)),
+            vec![("other", Duration::from_millis(1250))]
+        );
         b.mark_removed("other");
         assert!(b.silent(TIMEOUT).is_empty(), "removed once");
         // It beacons again (it was paused, or restarted): judged afresh.
-        b.received("other", Some(7));
+        b.received("other", STEP * 6, Vec::new());
         assert!(b.silent(TIMEOUT).is_empty());
         for i in 6..=11 {
-            tick(&mut b, t0 + STEP * i);
+            b.received("me", STEP * i, Vec::new());
         }
         assert_eq!(b.silent(TIMEOUT).len(), 1);
     }
 
     #[test]
     fn a_paused_reader_does_not_take_the_beacons_it_has_not_read_for_silence() {
-        let t0 = Instant::now();
-        let mut b = Beacons::new("me".into());
-        b.received("other", Some(0));
-        tick(&mut b, t0);
-        // Paused for 3 s: its next beacon is sent after the pause, and the other's beacons of
-        // that time are in the log before it.
-        let late = b.sending(t0 + Duration::from_secs(3));
-        for seq in 1..12 {
-            b.received("other", Some(seq));
+        let mut b = beacons();
+        b.received("other", 0, Vec::new());
+        b.received("me", 0, Vec::new());
+        // Paused for 3 s: the other's beacons of that time are in the log before its next one.
+        for i in 1..12 {
+            b.received("other", STEP * i, Vec::new());
         }
-        b.received("me", Some(late));
+        b.received("me", 3000, Vec::new());
         assert!(b.silent(TIMEOUT).is_empty());
-        // Its own beacon read back before the backlog: still nothing is judged that the log
-        // does not show.
-        let mut b = Beacons::new("me".into());
-        b.received("other", Some(0));
-        tick(&mut b, t0);
-        tick(&mut b, t0 + Duration::from_secs(3));
+        // 3 s of own beacons in the log without the other's: it was silent.
+        let mut b = beacons();
+        b.received("other", 0, Vec::new());
+        for i in 0..=12 {
+            b.received("me", STEP * i, Vec::new());
+        }
         assert_eq!(
-            b.silent(TIMEOUT),
-            vec![("other".to_string(), Duration::from_secs(3))],
-            "the log shows 3 s of own beacons without the other's: it was silent"
+            names(&b.silent(TIMEOUT)),
+            vec![("other", Duration::from_secs(3))]
         );
     }
 
     #[test]
-    fn nothing_is_judged_before_an_own_beacon_comes_back_or_of_a_process_never_heard() {
-        let t0 = Instant::now();
-        let mut b = Beacons::new("me".into());
-        b.received("other", Some(0));
-        for i in 0..20 {
-            b.sending(t0 + STEP * i);
+    fn a_stall_of_the_liveness_partition_is_not_silence() {
+        // The partition's leader moves for 3 s: every process queues its beacons, and each
+        // producer writes its backlog when it finds the new leader, this one first.
+        let mut b = beacons();
+        b.received("other", 0, Vec::new());
+        b.received("me", 0, Vec::new());
+        for _ in 0..12 {
+            b.received("me", 3000, Vec::new());
         }
+        assert!(
+            b.silent(TIMEOUT).is_empty(),
+            "the step across the stall counts two intervals, not three seconds"
+        );
+        b.received("other", 3010, Vec::new());
+        b.received("me", 3250, Vec::new());
+        assert!(b.silent(TIMEOUT).is_empty());
+    }
+
+    #[test]
+    fn only_the_members_a_silent_process_announced_are_removed() {
+        let mut b = beacons();
+        b.received("other", 0, vec![member("old-id", "app-other-0")]);
+        for i in 0..=5 {
+            b.received("me", STEP * i, Vec::new());
+        }
+        let silent = b.silent(TIMEOUT);
+        assert_eq!(silent.len(), 1);
+        assert_eq!(silent[0].2, vec![member("old-id", "app-other-0")]);
+        // Restarted: its first beacon announces nothing yet (its workers have not joined).
+        b.received("other", 1300, Vec::new());
+        for i in 6..=12 {
+            b.received("me", STEP * i, Vec::new());
+        }
+        let silent = b.silent(TIMEOUT);
+        assert_eq!(silent.len(), 1);
+        assert!(silent[0].2.is_empty(), "nothing announced, nothing removed");
+    }
+
+    #[test]
+    fn nothing_is_judged_before_an_own_beacon_comes_back_or_of_a_process_never_heard() {
+        let mut b = beacons();
+        b.received("other", 0, Vec::new());
         assert!(b.silent(TIMEOUT).is_empty(), "no own beacon read back");
-        let mut b = Beacons::new("me".into());
+        let mut b = beacons();
         for i in 0..20 {
-            tick(&mut b, t0 + STEP * i);
+            b.received("me", STEP * i, Vec::new());
         }
         assert!(b.silent(TIMEOUT).is_empty(), "nobody else heard");
     }
 
     #[test]
-    fn own_beacons_that_never_come_back_are_forgotten() {
-        let t0 = Instant::now();
-        let mut b = Beacons::new("me".into());
-        for i in 0..(MAX_UNREAD as u32 + 10) {
-            b.sending(t0 + STEP * i);
+    fn announced_members_round_trip_and_other_values_announce_nothing() {
+        let members = vec![member("m-1", "app-a-0"), member("", "app-a-1")];
+        assert_eq!(decode_members(&encode_members(&members)), members);
+        assert!(
+            decode_members(&7u64.to_be_bytes()).is_empty(),
+            "an older beacon"
+        );
+        assert!(decode_members(&[ANNOUNCING, 0xff, 0xff, 0, 3]).is_empty());
+        assert!(decode_members(&[]).is_empty());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_beacon_value_makes_the_decoder_panic(
+            value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let _ = decode_members(&value);
         }
-        assert_eq!(b.sent.len(), MAX_UNREAD);
-        let last = b.sending(t0 + STEP * 2000);
-        b.received("me", Some(last));
-        assert!(b.sent.is_empty());
-        assert_eq!(b.clock, Some(t0 + STEP * 2000));
     }
 }
