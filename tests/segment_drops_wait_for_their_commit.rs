@@ -37,18 +37,38 @@ fn windows() -> WindowOptions {
         .retention(Duration::from_secs(10))
 }
 
+/// Two-second windows every second, kept ten seconds: each time is in two windows.
+fn hopping_windows() -> WindowOptions {
+    WindowOptions::hopping(Duration::from_secs(2), Duration::from_secs(1))
+        .grace(Duration::ZERO)
+        .retention(Duration::from_secs(10))
+}
+
 fn config(topic: &str) -> Result<ChangelogConfig> {
+    config_of(topic, &windows())
+}
+
+fn config_of(topic: &str, options: &WindowOptions) -> Result<ChangelogConfig> {
     Ok(common::changelog(topic)?
         .durability(Durability::Async)
-        .keys(Arc::new(WindowChangelog::new(&windows())))
-        .retention(windows().changelog_retention()))
+        .keys(Arc::new(WindowChangelog::new(options)))
+        .retention(options.changelog_retention()))
 }
 
 fn attach(path: &Path, topic: &str, producer: &SharedProducer) -> Result<LoggedStore> {
+    attach_of(path, topic, producer, &windows())
+}
+
+fn attach_of(
+    path: &Path,
+    topic: &str,
+    producer: &SharedProducer,
+    options: &WindowOptions,
+) -> Result<LoggedStore> {
     let restored = RestoredStore::restore(
         path,
         &RocksDbOptions::default(),
-        config(topic)?,
+        config_of(topic, options)?,
         &OpenHooks::default(),
     )?;
     Ok(LoggedStore::attach(restored, producer)?)
@@ -60,11 +80,25 @@ fn count(n: i64) -> [u8; 8] {
 
 #[test]
 fn a_window_dropped_in_an_aborted_transaction_is_still_there_after_the_abort() -> Result<()> {
+    dropped_in_an_aborted_transaction(windows())
+}
+
+#[test]
+fn a_hopping_window_dropped_in_an_aborted_transaction_is_still_there_after_the_abort() -> Result<()>
+{
+    dropped_in_an_aborted_transaction(hopping_windows())
+}
+
+/// A window committed, then written again and expired by a far later put in one transaction
+/// that aborts: it is there after the abort with its committed value, in memory and in RocksDB.
+fn dropped_in_an_aborted_transaction(windows: WindowOptions) -> Result<()> {
+    let windows = move || windows;
     let topic = kstate_test_broker::unique_topic("drop-abort");
     let dir = tempfile::tempdir()?;
+    let config = config_of(&topic, &windows())?;
     let producer =
-        SharedProducer::transactional(&config(&topic)?, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
-    let store = attach(&dir.path().join("w"), &topic, &producer)?;
+        SharedProducer::transactional(&config, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
+    let store = attach_of(&dir.path().join("w"), &topic, &producer, &windows())?;
     let base = common::recent_minute();
     {
         let counts = WindowStore::open(&store, windows())?;
@@ -97,8 +131,8 @@ fn a_window_dropped_in_an_aborted_transaction_is_still_there_after_the_abort() -
     drop(store);
     // And in RocksDB, not only in memory: a reopen sees the committed window.
     let producer =
-        SharedProducer::transactional(&config(&topic)?, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
-    let reopened = attach(&dir.path().join("w"), &topic, &producer)?;
+        SharedProducer::transactional(&config, format!("{topic}-w"), TRANSACTION_TIMEOUT)?;
+    let reopened = attach_of(&dir.path().join("w"), &topic, &producer, &windows())?;
     let counts = WindowStore::reader(&reopened, windows())?;
     let reread = counts.get(b"k", base)?;
     ensure!(
