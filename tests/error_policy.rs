@@ -9,6 +9,9 @@
 //!   exact; the application keeps running and stops cleanly.
 //! - At-least-once with `ErrorPolicy::LogAndContinue`: the failing records are skipped and the
 //!   others counted; the application keeps running.
+//! - A record timestamped later than any window can hold (`i64::MAX`: any producer can write
+//!   one) is bad input under either guarantee: the windowed count skips it before it sends or
+//!   writes anything, so it closes no window early and makes no later record late.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -258,5 +261,93 @@ async fn at_least_once_log_and_continue_skips_failing_records() -> anyhow::Resul
     assert_eq!(running.state(), AppState::Running);
     running.shutdown();
     running.wait().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// Sends `(key, timestamp)` records, in order, to partition 0 of `topic`.
+fn send_timed(servers: &str, topic: &str, records: &[(&[u8], i64)]) -> anyhow::Result<()> {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
+    let producer = kstate_bench::kafka::producer(
+        kstate::kstate_kafka::ClientProperties::new(servers),
+        5,
+        DefaultProducerContext,
+    )?;
+    for (key, time) in records {
+        kstate_bench::kafka::send(
+            &producer,
+            BaseRecord::to(topic)
+                .partition(0)
+                .key(*key)
+                .payload(&b"x"[..])
+                .timestamp(*time),
+        );
+    }
+    producer.flush(Duration::from_secs(30))?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_timestamped_past_what_a_window_can_hold_is_skipped_and_moves_no_time()
+-> anyhow::Result<()> {
+    use kstate::kstate_core::WindowOptions;
+    use kstate_bench::topology::windowed_count as windowed;
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    for guarantee in [
+        ProcessingGuarantee::AtLeastOnce,
+        ProcessingGuarantee::ExactlyOnce,
+    ] {
+        let input = unique_topic("end-of-time-in");
+        let output = unique_topic("end-of-time-out");
+        // The broker takes any timestamp on this topic (Kafka 4's default refuses those more
+        // than an hour ahead; a producer can still set a topic up like this).
+        let max = i64::MAX.to_string();
+        let settings = [
+            ("cleanup.policy", "delete"),
+            ("message.timestamp.after.max.ms", max.as_str()),
+        ];
+        kstate_bench::kafka::create_topic(servers.as_str(), &input, 1, &settings).await?;
+        common::create_topic(&servers, &output, 1, "delete").await?;
+        let dir = tempfile::tempdir()?;
+        let mut builder = App::builder(unique_topic("end-of-time-app"), servers.clone());
+        builder
+            .input(input.clone())
+            .state_dir(dir.path())
+            .processing_guarantee(guarantee)
+            .error_policy(ErrorPolicy::LogAndContinue)
+            .commit_interval(Duration::from_millis(50));
+        let windows =
+            WindowOptions::tumbling(Duration::from_secs(60)).grace(Duration::from_secs(10));
+        let (app, _) = windowed::build(&mut builder, windows, &output)?;
+        let running = app.start()?;
+        let t0 = common::recent_minute();
+        send_timed(
+            &servers,
+            &input,
+            &[
+                (b"k", t0),
+                (b"k", t0 + 1_000),
+                (b"k", i64::MAX),
+                (b"k", t0 + 2_000),
+                // Closes window t0 (at t0 + 70 s), and nothing after it.
+                (b"z", t0 + 100_000),
+            ],
+        )?;
+        wait_for("window t0's final count", WAIT, || {
+            Ok(!read_topic(&servers, &output, 1)?.is_empty())
+        })?;
+        // A few more commit intervals: nothing else may appear.
+        std::thread::sleep(Duration::from_millis(500));
+        let sent = sequences(&read_topic(&servers, &output, 1)?);
+        let window = format!("k@{t0}").into_bytes();
+        assert_eq!(
+            sent,
+            BTreeMap::from([(window, vec!["3".to_string()])]),
+            "{guarantee:?}: the record at i64::MAX skipped, the one after it counted, window \
+             t0 sent once when t0 + 100 s passed its close"
+        );
+        assert_eq!(running.state(), AppState::Running, "{guarantee:?}");
+        running.shutdown();
+        running.wait().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     Ok(())
 }

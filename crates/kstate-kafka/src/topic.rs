@@ -213,10 +213,11 @@ fn verify_topic(
 ) -> Result<CheckedTopic, ChangelogError> {
     // Metadata of a just-created topic can take a moment to show every partition.
     let deadline = std::time::Instant::now() + config.open_timeout;
-    let (actual, replicas, min_replicas) = loop {
+    let (actual, replicas, min_replicas, brokers) = loop {
         let metadata = probe
             .fetch_metadata(Some(&config.topic), config.open_timeout)
             .map_err(|source| kafka(config, "read topic metadata", source))?;
+        let brokers = metadata.brokers().len();
         let (count, replicas, min_replicas) = metadata
             .topics()
             .iter()
@@ -236,7 +237,7 @@ fn verify_topic(
                 (t.partitions().len() as i32, replicas, min_replicas)
             });
         if count > 0 || std::time::Instant::now() >= deadline {
-            break (count, replicas, min_replicas);
+            break (count, replicas, min_replicas, brokers);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
@@ -293,6 +294,10 @@ fn verify_topic(
             "min.insync.replicas={actual}, below the configured {wanted}"
         )));
     }
+    if let Some(problem) = replication_warning(brokers, min_replicas, number("min.insync.replicas"))
+    {
+        warn_once(&config.topic, &problem);
+    }
     let needed = (config.max_record_bytes + crate::config::RECORD_OVERHEAD) as i64;
     if let Some(limit) = number("max.message.bytes")
         && limit < needed
@@ -313,6 +318,50 @@ fn verify_topic(
                 .map(Duration::from_millis),
         },
     })
+}
+
+/// On a cluster of at least this many brokers a changelog is expected to survive the loss of
+/// one: three replicas and `min.insync.replicas` of two (Kafka Streams' production advice).
+const PRODUCTION_BROKERS: usize = 3;
+
+/// What is wrong with a changelog's replication on a cluster of `brokers` (its partitions'
+/// fewest replicas, its `min.insync.replicas`), if anything: on three brokers or more, fewer
+/// than three replicas or a `min.insync.replicas` below two lets one broker's loss lose
+/// acknowledged writes. A smaller cluster is a test or development one: nothing to say.
+fn replication_warning(brokers: usize, replicas: i32, min_isr: Option<i64>) -> Option<String> {
+    if brokers < PRODUCTION_BROKERS {
+        return None;
+    }
+    let mut problems = Vec::new();
+    if replicas < PRODUCTION_BROKERS as i32 {
+        problems.push(format!("{replicas} replicas"));
+    }
+    if let Some(min_isr) = min_isr
+        && min_isr < 2
+    {
+        problems.push(format!("min.insync.replicas={min_isr}"));
+    }
+    (!problems.is_empty()).then(|| {
+        format!(
+            "{} on a cluster of {brokers} brokers: losing one broker can lose acknowledged \
+             writes; give the changelog 3 replicas and min.insync.replicas=2",
+            problems.join(" and ")
+        )
+    })
+}
+
+/// Logs `problem` of `topic` at `warn`, once per topic in this process (every task of a store
+/// opens the same topic).
+fn warn_once(topic: &str, problem: &str) {
+    static WARNED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = WARNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(topic.to_string());
+    if first {
+        tracing::warn!(topic, "changelog replication: {problem}");
+    }
 }
 
 /// Creates topic `name` with `partitions`, `replication` and `settings` unless it exists (the
@@ -343,4 +392,31 @@ pub fn create_topic_if_missing(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changelog_that_one_broker_loss_can_lose_is_warned_about_on_a_production_cluster() {
+        // One or two brokers: a development cluster, whatever the topic.
+        assert_eq!(replication_warning(1, 1, Some(1)), None);
+        assert_eq!(replication_warning(2, 1, Some(1)), None);
+        // Three brokers: 3 replicas and min.insync.replicas 2 is what survives one loss.
+        assert_eq!(replication_warning(3, 3, Some(2)), None);
+        assert_eq!(replication_warning(5, 3, None), None);
+        let few = replication_warning(3, 1, Some(2)).unwrap();
+        assert!(
+            few.contains("1 replicas") && few.contains("3 brokers"),
+            "{few}"
+        );
+        let low = replication_warning(3, 3, Some(1)).unwrap();
+        assert!(low.contains("min.insync.replicas=1"), "{low}");
+        let both = replication_warning(4, 2, Some(1)).unwrap();
+        assert!(
+            both.contains("2 replicas and min.insync.replicas=1"),
+            "{both}"
+        );
+    }
 }

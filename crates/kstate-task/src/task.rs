@@ -251,14 +251,21 @@ impl Task {
                 );
             }
         }
+        // A record the processor refuses (bad input the error policy may skip) moves no
+        // stream time: a skipped timestamp far ahead must not fire every stream-time timer.
+        let before = self.stream_time;
         if let Some(ts) = record.timestamp {
             self.stream_time = Some(self.stream_time.map_or(ts, |t| t.max(ts)));
         }
-        self.run(
+        let ran = self.run(
             producer,
             || Self::step_of(record),
             |processor, ctx| processor.process(ctx, record),
-        )?;
+        );
+        if ran.is_err() {
+            self.stream_time = before;
+        }
+        ran?;
         self.advance(record);
         if self.timers.has_stream() {
             self.fire_timers(producer, Instant::now(), true)?;

@@ -61,6 +61,8 @@ impl Processor for WindowedCount {
         let time = record
             .timestamp
             .ok_or("a record without a timestamp cannot be windowed")?;
+        // A time no window can hold is bad input: refused before anything is sent or written.
+        ctx.window_store(&self.counts).check_time(time)?;
         let key = record.key.unwrap_or_default();
         let before = ctx.window_store(&self.counts).stream_time();
         if let Some(before) = before

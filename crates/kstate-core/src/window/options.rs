@@ -148,6 +148,15 @@ impl WindowOptions {
             .filter_map(|start| i64::try_from(start).ok())
     }
 
+    /// The latest time a window store can place: every window holding it ends, and closes
+    /// (end plus grace), at a time an `i64` holds. A record timestamped later (any producer can
+    /// write one) is bad input, refused by [`WindowStore::check_time`](crate::WindowStore::check_time).
+    pub fn latest_time(&self) -> i64 {
+        i64::MAX
+            .saturating_sub(self.size)
+            .saturating_sub(self.grace)
+    }
+
     /// The time from which the window starting at `start` is final: its end plus the grace.
     pub fn closes_at(&self, start: i64) -> i64 {
         start.saturating_add(self.size).saturating_add(self.grace)

@@ -157,6 +157,7 @@ impl<S: KeyValueStore> WindowStore<S> {
     /// duplicates retained, `None` writes nothing, as in Kafka Streams). Advances stream time
     /// to `start`, dropping the segments that leaves wholly expired.
     pub fn put(&self, key: &[u8], start: i64, value: Option<&[u8]>) -> Result<WindowPut> {
+        self.check_time(start)?;
         let guard = self.clock.lock();
         let now = self.clock.now();
         if start < self.segments.min_live(now) {
@@ -198,7 +199,29 @@ impl<S: KeyValueStore> WindowStore<S> {
     /// the window starts put. Stored with the data (a local key), so it survives a restart; a
     /// restore from the changelog alone knows only the window starts.
     pub fn observe(&self, time: i64) -> Result<()> {
+        self.check_time(time)?;
         self.clock.observe(&self.store, time)
+    }
+
+    /// Whether this store can place `time` (a record's timestamp, or a window start): an
+    /// [`Error::InvalidArgument`] naming it when it is later than
+    /// [`WindowOptions::latest_time`], whose windows would end or close past what an `i64`
+    /// holds. [`put`](Self::put) and [`observe`](Self::observe) refuse such a time the same
+    /// way, before they change anything; a processor that sends results before it writes
+    /// checks first, so that a record it cannot place has no effect at all. The task
+    /// runtime's error policy treats the error as bad input (skip, dead-letter or fail).
+    pub fn check_time(&self, time: i64) -> Result<()> {
+        let latest = self.options.latest_time();
+        if time <= latest {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            store: self.store.name().to_string(),
+            message: format!(
+                "time {time} ms cannot be placed: a window holding it would end or close past \
+                 i64::MAX (the latest time these windows can place is {latest} ms)"
+            ),
+        })
     }
 
     /// The value of `key`'s window starting at `start` (with duplicates retained: the first).
