@@ -14,7 +14,16 @@
 //!   does not keep stream time across the restart takes it (its stream time starts over at 30 s),
 //!   counts it and sends window 0 again when a record at 200 s passes its close.
 //!
-//! CI runs at least 6 kills and 15 s of chaos; `KSTATE_WINDOWED_KILLS` and
+//! - **Exactly-once through backlogs, time jumps and skipped records**: the same check on the
+//!   paths where stream time does not move smoothly. Hopping windows (each time in two); input
+//!   produced ahead (a backlog before the copies start, and more while all three are down);
+//!   event time jumping past whole segments (a minute or two at once, so that every segment
+//!   behind expires and is dropped); and records the processor fails on after it has done all
+//!   it would (sent the windows their time closes, observed a time minutes ahead and dropped
+//!   segments), which the error policy skips: the transaction aborts, and none of it may show,
+//!   in the output or in the windows counted later.
+//!
+//! CI runs at least 6 kills and 15 s of each chaos run; `KSTATE_WINDOWED_KILLS` and
 //! `KSTATE_WINDOWED_SECONDS` run longer, `KSTATE_WINDOWED_SEED` repeats a run's kills.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -29,8 +38,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use common::child::{self, ChildEnv, Copies};
 use common::streams::{env_number, read_topic, wait_for};
-use kstate::kstate_core::WindowOptions;
-use kstate::kstate_task::{App, ProcessingGuarantee};
+use kstate::kstate_core::{BoxError, WindowOptions};
+use kstate::kstate_task::{App, Context, ErrorPolicy, ProcessingGuarantee, Processor, Record};
 use kstate_test_broker::unique_topic;
 use rand::{Rng, SeedableRng};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
@@ -39,6 +48,11 @@ const PARTITIONS: i32 = 4;
 const KEYS: usize = 40;
 const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 const WAIT: Duration = Duration::from_secs(180);
+/// How long the output may take after a chaos run of `chaos`: [`WAIT`], plus as long again as
+/// the run (a long run leaves a backlog that the copies, each restarted many times, catch up).
+fn wait_after(chaos: Duration) -> Duration {
+    WAIT + chaos
+}
 /// Between two records of the chaos input, event time.
 const STEP_MS: i64 = 5;
 /// Every this many records, one is late by [`LATE_BY_MS`].
@@ -48,6 +62,32 @@ const LATE_BY_MS: i64 = 3_000;
 /// The chaos run's windows: 1 s, grace 200 ms.
 fn chaos_windows() -> WindowOptions {
     WindowOptions::tumbling(Duration::from_secs(1)).grace(Duration::from_millis(200))
+}
+
+/// The backlog chaos run's windows: 1 s every 500 ms (each time in two windows), grace 200 ms.
+/// Segments are a minute (Kafka Streams' least).
+fn backlog_windows() -> WindowOptions {
+    WindowOptions::hopping(Duration::from_secs(1), Duration::from_millis(500))
+        .grace(Duration::from_millis(200))
+}
+
+/// The payload of a record the backlog run's processor fails on.
+const BAD: &[u8] = b"bad";
+
+/// The windowed count, failing each record whose value is [`BAD`] after it has done all it
+/// would with it (sent the windows its time closes, observed its time, dropped the segments
+/// that expires, counted it): an error the policy skips, whose effects the aborted
+/// transaction takes back.
+struct FailsOnBad(windowed::WindowedCount);
+
+impl Processor for FailsOnBad {
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        self.0.process(ctx, record)?;
+        if record.value == Some(BAD) {
+            return Err("a bad record: failed after all its effects".into());
+        }
+        Ok(())
+    }
 }
 
 /// The late-record test's windows: 1 minute, grace 10 s (the example's defaults).
@@ -63,8 +103,12 @@ async fn child_windowed() -> anyhow::Result<()> {
     let env = ChildEnv::get("child_windowed")?;
     child::init_logging();
     let slot: usize = env.parse("SLOT")?;
-    let windows = WindowOptions::tumbling(Duration::from_millis(env.parse("WINDOW_MS")?))
-        .grace(Duration::from_millis(env.parse("GRACE_MS")?));
+    let windows = WindowOptions::hopping(
+        Duration::from_millis(env.parse("WINDOW_MS")?),
+        Duration::from_millis(env.parse("ADVANCE_MS")?),
+    )
+    .grace(Duration::from_millis(env.parse("GRACE_MS")?));
+    let fails_on_bad: bool = env.parse("FAILS_ON_BAD")?;
     let mut builder = App::builder(env.var("APP_ID")?, env.var("SERVERS")?);
     builder
         .input(env.var("INPUT")?)
@@ -74,7 +118,20 @@ async fn child_windowed() -> anyhow::Result<()> {
         .instance_id(format!("copy-{slot}"))
         .consumer_property("session.timeout.ms", "6000")
         .consumer_property("heartbeat.interval.ms", "1000");
-    let (app, _counts) = windowed::build(&mut builder, windows, &env.var("OUTPUT")?)?;
+    let output = env.var("OUTPUT")?;
+    let app = if fails_on_bad {
+        builder.error_policy(ErrorPolicy::LogAndContinue);
+        let counts = builder.window_store("counts", windows);
+        builder.build(move |_| {
+            Box::new(FailsOnBad(windowed::WindowedCount::new(
+                counts.clone(),
+                windows,
+                &output,
+            )))
+        })?
+    } else {
+        windowed::build(&mut builder, windows, &output)?.0
+    };
     let running = app.start()?;
     child::run_until_sigterm(running, &format!("{}: copy {slot}", env.parent())).await
 }
@@ -83,18 +140,27 @@ async fn child_windowed() -> anyhow::Result<()> {
 type Input = (i32, Vec<u8>, i64);
 
 fn send_all(servers: &str, topic: &str, records: &[Input]) -> anyhow::Result<()> {
+    send_values(servers, topic, records.iter().map(|r| (r, &b"x"[..])))
+}
+
+/// Sends each record with its value, in order.
+fn send_values<'a>(
+    servers: &str,
+    topic: &str,
+    records: impl IntoIterator<Item = (&'a Input, &'a [u8])>,
+) -> anyhow::Result<()> {
     let producer = kstate_bench::kafka::producer(
         kstate::kstate_kafka::ClientProperties::new(servers),
         5,
         DefaultProducerContext,
     )?;
-    for (partition, key, time) in records {
+    for ((partition, key, time), value) in records {
         kstate_bench::kafka::send(
             &producer,
             BaseRecord::to(topic)
                 .partition(*partition)
                 .key(&key[..])
-                .payload(&b"x"[..])
+                .payload(value)
                 .timestamp(*time),
         );
     }
@@ -161,16 +227,20 @@ fn check_output(
     topic: &str,
     expected: &BTreeMap<Vec<u8>, u64>,
     copies: &mut Copies,
+    wait: Duration,
 ) -> anyhow::Result<()> {
-    let waited = wait_for("every window's final count", WAIT, || {
+    let waited = wait_for("every window's final count", wait, || {
         copies.check_alive()?;
         Ok(outputs(servers, topic)?.len() >= expected.len())
     });
-    waited.map_err(|e| anyhow::anyhow!("{e}\n{}", copies.logs()))?;
-    // A late duplicate would show within a few commit intervals.
-    std::thread::sleep(COMMIT_INTERVAL * 5 + Duration::from_secs(1));
-    let sent = outputs(servers, topic)?;
     let mut problems = Vec::new();
+    match waited {
+        // A late duplicate would show within a few commit intervals.
+        Ok(()) => std::thread::sleep(COMMIT_INTERVAL * 5 + Duration::from_secs(1)),
+        // Say which windows are missing or wrong, not only that the wait ended.
+        Err(e) => problems.push(e.to_string()),
+    }
+    let sent = outputs(servers, topic)?;
     for (window, counts) in &sent {
         let name = String::from_utf8_lossy(window);
         match expected.get(window) {
@@ -206,11 +276,30 @@ async fn copies_for(
     windows: &WindowOptions,
     n: usize,
 ) -> anyhow::Result<(Copies, String, String)> {
+    copies_of(name, servers, windows, n, false).await
+}
+
+/// `n` copies of the application; with `fails_on_bad`, each runs [`FailsOnBad`] under
+/// `ErrorPolicy::LogAndContinue`.
+async fn copies_of(
+    name: &str,
+    servers: &str,
+    windows: &WindowOptions,
+    n: usize,
+    fails_on_bad: bool,
+) -> anyhow::Result<(Copies, String, String)> {
     let (input, output) = (
         unique_topic(&format!("{name}-in")),
         unique_topic(&format!("{name}-out")),
     );
-    common::create_topic(servers, &input, PARTITIONS, "delete").await?;
+    // Event time may run ahead of the wall clock (jumps): the input takes any timestamp
+    // (Kafka 4 refuses those more than an hour ahead by default).
+    let any_time = i64::MAX.to_string();
+    let settings = [
+        ("cleanup.policy", "delete"),
+        ("message.timestamp.after.max.ms", any_time.as_str()),
+    ];
+    kstate_bench::kafka::create_topic(servers, &input, PARTITIONS, &settings).await?;
     common::create_topic(servers, &output, PARTITIONS, "delete").await?;
     let env = vec![
         ("SERVERS", servers.to_string()),
@@ -218,7 +307,9 @@ async fn copies_for(
         ("INPUT", input.clone()),
         ("OUTPUT", output.clone()),
         ("WINDOW_MS", windows.size_ms().to_string()),
+        ("ADVANCE_MS", windows.advance_ms().to_string()),
         ("GRACE_MS", windows.grace_ms().to_string()),
+        ("FAILS_ON_BAD", fails_on_bad.to_string()),
     ];
     Ok((Copies::new(name, "child_windowed", &env, n)?, input, output))
 }
@@ -281,7 +372,155 @@ async fn exactly_once_final_counts_through_random_kills_are_sent_once_and_correc
         expected.len(),
         started.elapsed()
     );
-    check_output(&servers, &output, &expected, &mut copies)?;
+    let chaos = started.elapsed();
+    check_output(&servers, &output, &expected, &mut copies, wait_after(chaos))?;
+    copies.stop_all()?;
+    copies.check_no_foreign_writes(&copies.all())?;
+    copies.finished();
+    Ok(())
+}
+
+/// The backlog run's input: each partition's records in order, some late, some [`BAD`],
+/// event time now and then jumping a minute or two ahead.
+struct Backlog {
+    /// The next record's number.
+    i: usize,
+    /// Event time of the next record (before it is made late).
+    time: i64,
+    /// Every record sent, with whether it is bad.
+    sent: Vec<(Input, bool)>,
+}
+
+/// Between two jumps of event time, on average, records.
+const JUMP_EVERY: u32 = 2_000;
+/// Every this many records one is [`BAD`]; every other bad one is far ahead.
+const BAD_EVERY: usize = 53;
+/// How far ahead a far bad record is: past several segments.
+const BAD_AHEAD_MS: i64 = 300_000;
+
+impl Backlog {
+    fn new(base: i64) -> Self {
+        Backlog {
+            i: 0,
+            time: base,
+            sent: Vec::new(),
+        }
+    }
+
+    /// The next `n` records, remembered as sent.
+    fn next(&mut self, rng: &mut impl Rng, n: usize) -> Vec<(Input, bool)> {
+        let mut batch = Vec::with_capacity(n);
+        for _ in 0..n {
+            let i = self.i;
+            self.i += 1;
+            if rng.random_ratio(1, JUMP_EVERY) {
+                // Past a segment or two: every segment behind expires at once.
+                self.time += rng.random_range(61_000..130_000);
+            }
+            self.time += STEP_MS;
+            let k = i % KEYS;
+            let partition = (k % PARTITIONS as usize) as i32;
+            let bad = i % BAD_EVERY == BAD_EVERY - 1;
+            let time = if bad && (i / BAD_EVERY).is_multiple_of(2) {
+                self.time + BAD_AHEAD_MS
+            } else if i % LATE_EVERY == LATE_EVERY - 1 {
+                self.time - LATE_BY_MS
+            } else {
+                self.time
+            };
+            batch.push(((partition, key(k), time), bad));
+        }
+        self.sent.extend(batch.iter().cloned());
+        batch
+    }
+
+    fn send(
+        &mut self,
+        rng: &mut impl Rng,
+        n: usize,
+        servers: &str,
+        topic: &str,
+    ) -> anyhow::Result<()> {
+        let batch = self.next(rng, n);
+        send_values(
+            servers,
+            topic,
+            batch
+                .iter()
+                .map(|(input, bad)| (input, if *bad { BAD } else { &b"x"[..] })),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_final_counts_through_backlogs_time_jumps_and_skipped_records_are_sent_once_and_correct()
+-> anyhow::Result<()> {
+    let name = "windowed-backlog";
+    let min_kills = env_number("KSTATE_WINDOWED_KILLS").unwrap_or(6) as usize;
+    let seconds = env_number("KSTATE_WINDOWED_SECONDS").unwrap_or(15);
+    let seed = env_number("KSTATE_WINDOWED_SEED").unwrap_or_else(|| rand::rng().random());
+    eprintln!("{name}: at least {seconds} s and {min_kills} kills, seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let windows = backlog_windows();
+    let (mut copies, input, output) = copies_of(name, &servers, &windows, 3, true).await?;
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+    let mut input_records = Backlog::new(base);
+    // A backlog before any copy runs.
+    input_records.send(&mut rng, 3_000, &servers, &input)?;
+    for slot in 0..3 {
+        copies.spawn(slot)?;
+    }
+    let started = Instant::now();
+    let (mut kills, mut outages) = (0, 0);
+    while started.elapsed() < Duration::from_secs(seconds) || kills < min_kills {
+        if rng.random_ratio(1, 8) {
+            // Every copy down while a backlog piles up.
+            for slot in 0..3 {
+                copies.kill(slot)?;
+                kills += 1;
+            }
+            outages += 1;
+            input_records.send(&mut rng, 2_000, &servers, &input)?;
+            for slot in 0..3 {
+                copies.spawn(slot)?;
+            }
+            std::thread::sleep(Duration::from_millis(rng.random_range(500..1_500)));
+            continue;
+        }
+        input_records.send(&mut rng, 400, &servers, &input)?;
+        std::thread::sleep(Duration::from_millis(rng.random_range(500..1_500)));
+        let slot = rng.random_range(0..3);
+        copies.kill(slot)?;
+        kills += 1;
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1_000)));
+        copies.spawn(slot)?;
+    }
+    // A record far ahead in every partition closes every window so far.
+    let end = input_records.time + BAD_AHEAD_MS + 10_000;
+    let closers: Vec<Input> = (0..PARTITIONS as usize)
+        .map(|p| (p as i32, key(p), end))
+        .collect();
+    send_all(&servers, &input, &closers)?;
+    let mut good: Vec<Input> = input_records
+        .sent
+        .iter()
+        .filter(|(_, bad)| !bad)
+        .map(|(input, _)| input.clone())
+        .collect();
+    good.extend(closers);
+    let expected = expected_finals(&good, &windows);
+    eprintln!(
+        "{name}: {} records ({} bad), {} windows, {kills} kills ({outages} of all copies) in {:.0?}",
+        input_records.sent.len() + PARTITIONS as usize,
+        input_records.sent.len() + PARTITIONS as usize - good.len(),
+        expected.len(),
+        started.elapsed()
+    );
+    let chaos = started.elapsed();
+    check_output(&servers, &output, &expected, &mut copies, wait_after(chaos))?;
     copies.stop_all()?;
     copies.check_no_foreign_writes(&copies.all())?;
     copies.finished();
@@ -329,7 +568,7 @@ async fn a_late_record_after_a_kill_and_restart_is_refused_as_before() -> anyhow
     )?;
     let window_1 = format!("key-0@{}", t0 + 60_000).into_bytes();
     let expected: BTreeMap<Vec<u8>, u64> = [(window_0, 1), (window_1, 1)].into_iter().collect();
-    check_output(&servers, &output, &expected, &mut copies)?;
+    check_output(&servers, &output, &expected, &mut copies, WAIT)?;
     copies.stop_all()?;
     copies.finished();
     Ok(())

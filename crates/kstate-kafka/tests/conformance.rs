@@ -10,8 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kstate_core::testkit::Harness;
+use kstate_core::testkit::faults::{Faults, Uncommitted};
 use kstate_core::{ChangelogKeys, KeyValueStore as _};
-use kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
+use kstate_kafka::{
+    ChangelogConfig, Durability, LoggedStore, OpenHooks, RestoredStore, SharedProducer,
+};
 use kstate_rocksdb::RocksDbOptions;
 
 /// How the harness reopens a store.
@@ -78,6 +81,34 @@ impl Harness for LoggedHarness {
     }
 
     fn reopen(&mut self, store: LoggedStore) -> LoggedStore {
+        let how = self.reopen;
+        self.reopen_as(store, how)
+    }
+}
+
+impl Faults for LoggedHarness {
+    fn commit(&mut self, store: &LoggedStore) {
+        store.flush().unwrap();
+    }
+
+    fn abort(&mut self, _: &LoggedStore) -> bool {
+        false
+    }
+
+    fn crash(&mut self, store: LoggedStore) -> LoggedStore {
+        self.reopen_as(store, Reopen::DropWithoutClose)
+    }
+
+    fn crash_keeps(&self) -> Uncommitted {
+        match self.mode {
+            Durability::Sync => Uncommitted::Kept,
+            _ => Uncommitted::Unknown,
+        }
+    }
+}
+
+impl LoggedHarness {
+    fn reopen_as(&mut self, store: LoggedStore, how: Reopen) -> LoggedStore {
         let name = store.name().to_string();
         let (path, topic, keys) = self
             .open_stores
@@ -85,13 +116,13 @@ impl Harness for LoggedHarness {
             .find(|(p, _, _)| name.starts_with(&format!("{} (", p.display())))
             .cloned()
             .unwrap();
-        match self.reopen {
+        match how {
             Reopen::Close => store.close().unwrap(),
             Reopen::DropWithoutClose => {}
             Reopen::WipeDirectory => store.close().unwrap(),
         }
         drop(store);
-        if let Reopen::WipeDirectory = self.reopen {
+        if let Reopen::WipeDirectory = how {
             std::fs::remove_dir_all(&path).unwrap();
         }
         LoggedStore::open(&path, &RocksDbOptions::default(), self.config(&topic, keys)).unwrap()
@@ -180,4 +211,145 @@ mod sync_mode_dropped_without_close {
         LoggedHarness::new(Durability::Sync, Reopen::DropWithoutClose),
         cases = 12
     );
+}
+
+/// Stores written in a transaction: a commit is the transaction's, an abort undoes what the
+/// store took since, a crash drops the store and its producer (the next producer of the same
+/// transactional id fences it and aborts its open transaction) and restores.
+struct TransactionHarness {
+    dir: tempfile::TempDir,
+    opened: usize,
+    /// Per open store: its directory, topic, key mapping and producer.
+    stores: Vec<(PathBuf, String, Arc<dyn ChangelogKeys>, SharedProducer)>,
+}
+
+/// How long a commit or abort may take.
+const TRANSACTION_WAIT: Duration = Duration::from_secs(30);
+
+impl TransactionHarness {
+    fn new() -> Self {
+        TransactionHarness {
+            dir: tempfile::tempdir().unwrap(),
+            opened: 0,
+            stores: Vec::new(),
+        }
+    }
+
+    fn index_of(&self, store: &LoggedStore) -> usize {
+        let name = store.name();
+        self.stores
+            .iter()
+            .position(|(p, _, _, _)| name.starts_with(&format!("{} (", p.display())))
+            .unwrap()
+    }
+
+    /// Restores the store at slot `i` and attaches it to a new producer of its transactional
+    /// id.
+    fn attach(&mut self, i: usize) -> LoggedStore {
+        let (path, topic, keys, _) = self.stores[i].clone();
+        let config =
+            LoggedHarness::new(Durability::Async, Reopen::Close).config(&topic, Some(keys));
+        let producer =
+            SharedProducer::transactional(&config, format!("{topic}-tx"), TRANSACTION_WAIT)
+                .unwrap();
+        let restored = RestoredStore::restore(
+            &path,
+            &RocksDbOptions::default(),
+            config,
+            &OpenHooks::default(),
+        )
+        .unwrap();
+        let store = LoggedStore::attach(restored, &producer).unwrap();
+        self.stores[i].3 = producer;
+        store
+    }
+}
+
+impl Harness for TransactionHarness {
+    type Store = LoggedStore;
+
+    fn open(&mut self) -> LoggedStore {
+        panic!("the transaction harness opens stores of time only (open_mapped)")
+    }
+
+    fn open_mapped(&mut self, keys: Arc<dyn ChangelogKeys>) -> LoggedStore {
+        self.opened += 1;
+        let path = self.dir.path().join(format!("store-{}", self.opened));
+        let topic = kstate_test_broker::unique_topic("conformance-tx");
+        let config =
+            LoggedHarness::new(Durability::Async, Reopen::Close).config(&topic, Some(keys.clone()));
+        let producer =
+            SharedProducer::transactional(&config, format!("{topic}-tx"), TRANSACTION_WAIT)
+                .unwrap();
+        self.stores.push((path, topic, keys, producer));
+        self.attach(self.stores.len() - 1)
+    }
+
+    fn reopen(&mut self, store: LoggedStore) -> LoggedStore {
+        let i = self.index_of(&store);
+        self.commit(&store);
+        store.close().unwrap();
+        drop(store);
+        self.attach(i)
+    }
+}
+
+impl Faults for TransactionHarness {
+    fn commit(&mut self, store: &LoggedStore) {
+        let i = self.index_of(store);
+        self.stores[i]
+            .3
+            .commit_transaction(None, TRANSACTION_WAIT)
+            .unwrap();
+    }
+
+    fn abort(&mut self, store: &LoggedStore) -> bool {
+        let i = self.index_of(store);
+        self.stores[i]
+            .3
+            .abort_transaction("the fault model aborts", TRANSACTION_WAIT)
+            .unwrap();
+        true
+    }
+
+    fn crash(&mut self, store: LoggedStore) -> LoggedStore {
+        let i = self.index_of(&store);
+        drop(store);
+        self.attach(i)
+    }
+
+    fn crash_keeps(&self) -> Uncommitted {
+        Uncommitted::Lost
+    }
+}
+
+/// Window and session stores under random commits, aborts and crashes, on every durability
+/// mode and in a transaction.
+mod faults_async {
+    use super::*;
+    kstate_core::fault_tests!(
+        LoggedHarness::new(Durability::Async, Reopen::Close),
+        cases = 10
+    );
+}
+
+mod faults_group {
+    use super::*;
+    kstate_core::fault_tests!(
+        LoggedHarness::new(Durability::Group(Duration::from_millis(1)), Reopen::Close),
+        cases = 10
+    );
+}
+
+mod faults_sync {
+    use super::*;
+    kstate_core::fault_tests!(
+        LoggedHarness::new(Durability::Sync, Reopen::Close),
+        cases = 10
+    );
+}
+
+mod faults_in_a_transaction {
+    use super::*;
+    kstate_core::fault_tests!(TransactionHarness::new(), cases = 10);
 }

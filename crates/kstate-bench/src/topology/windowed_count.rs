@@ -26,6 +26,16 @@ pub struct WindowedCount {
 }
 
 impl WindowedCount {
+    /// The task's processor: counts in the store `counts` (declared with `windows`), final
+    /// counts sent to `output`.
+    pub fn new(counts: WindowHandle, windows: WindowOptions, output: &str) -> Self {
+        WindowedCount {
+            counts,
+            windows,
+            output: output.to_string(),
+        }
+    }
+
     /// Sends every window that closes after `from` and at or before `to`.
     fn send_closed(&self, ctx: &mut Context<'_>, from: i64, to: i64) -> Result<(), BoxError> {
         let w = &self.windows;
@@ -98,12 +108,7 @@ pub fn build(
     let counts = builder.window_store("counts", windows);
     let output = output.to_string();
     let handle = counts.clone();
-    let app = builder.build(move |_task| {
-        Box::new(WindowedCount {
-            counts: counts.clone(),
-            windows,
-            output: output.clone(),
-        })
-    })?;
+    let app = builder
+        .build(move |_task| Box::new(WindowedCount::new(counts.clone(), windows, &output)))?;
     Ok((app, handle))
 }

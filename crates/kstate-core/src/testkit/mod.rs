@@ -12,6 +12,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+pub mod faults;
 pub mod model;
 pub mod scenarios;
 pub mod session;
