@@ -352,6 +352,34 @@ pub(crate) fn run(
     }
 }
 
+/// How often a job waiting for its batch's ends looks at its cancel token.
+const PREFETCH_POLL: Duration = Duration::from_millis(20);
+
+/// Runs `prefetch` unless another thread of the batch has (`prefetched`), or waits for the
+/// thread that is running it (creating topics, then waiting up to 30 s for their leaders). A
+/// job cancelled meanwhile stops waiting within [`PREFETCH_POLL`]: its restore sees the token
+/// at once and ends.
+fn wait_for_ends(prefetched: &Mutex<bool>, cancel: &CancelToken, prefetch: impl FnOnce()) {
+    loop {
+        let mut done = match prefetched.try_lock() {
+            Ok(done) => done,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if cancel.is_cancelled() {
+                    return;
+                }
+                std::thread::sleep(PREFETCH_POLL);
+                continue;
+            }
+        };
+        if !*done {
+            prefetch();
+            *done = true;
+        }
+        return;
+    }
+}
+
 /// Restores every store of one task.
 fn restore_job(
     job: Job,
@@ -362,14 +390,9 @@ fn restore_job(
 ) -> Result<Vec<RestoredStore>, TaskError> {
     let span = tracing::info_span!("restore_task", partition = job.task.partition);
     let _entered = span.enter();
-    {
-        // The other threads' jobs of this batch wait here for its ends.
-        let mut prefetched = lock(&job.batch.prefetched);
-        if !*prefetched {
-            prefetch(&job.batch, clients);
-            *prefetched = true;
-        }
-    }
+    wait_for_ends(&job.batch.prefetched, &job.cancel, || {
+        prefetch(&job.batch, clients)
+    });
     let hooks = OpenHooks {
         listener: Some(match listener {
             Some(l) => Arc::new(Both(job.progress.clone(), l.clone())),
@@ -406,6 +429,50 @@ fn restore_stores(
 mod tests {
     use super::*;
     use kstate_rocksdb::RocksDbStore;
+
+    /// A job whose batch's ends another thread is still prefetching stops waiting when it is
+    /// cancelled, instead of waiting out the prefetch (up to 30 s for leaders); an uncancelled
+    /// one waits, and then does not prefetch again.
+    #[test]
+    fn a_job_waiting_for_its_batchs_ends_sees_its_cancel_token() {
+        let prefetched = Arc::new(Mutex::new(false));
+        let (started, running) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let slow = {
+            let prefetched = prefetched.clone();
+            std::thread::spawn(move || {
+                wait_for_ends(&prefetched, &CancelToken::new(), || {
+                    started.send(()).expect("the test listens");
+                    // The prefetch lasts until the test ends it.
+                    released.recv().expect("the test releases it");
+                })
+            })
+        };
+        running.recv().expect("the prefetch started");
+        let (returned, returns) = std::sync::mpsc::channel();
+        let cancelled = {
+            let prefetched = prefetched.clone();
+            std::thread::spawn(move || {
+                let cancel = CancelToken::new();
+                cancel.cancel();
+                wait_for_ends(&prefetched, &cancel, || panic!("prefetched twice"));
+                returned.send(()).expect("the test listens");
+            })
+        };
+        // Still prefetching: only a job that sees its token can return now.
+        let seen = returns.recv_timeout(Duration::from_secs(30));
+        release.send(()).expect("the prefetch waits");
+        assert!(
+            seen.is_ok(),
+            "a cancelled job kept waiting for another thread's prefetch"
+        );
+        wait_for_ends(&prefetched, &CancelToken::new(), || {
+            panic!("prefetched twice")
+        });
+        assert!(*lock(&prefetched));
+        slow.join().expect("the prefetching thread");
+        cancelled.join().expect("the cancelled job");
+    }
 
     /// Only RocksDB's own "already open" and a task held in the shared RocksDB are waited out:
     /// an error that merely mentions a lock (an application id `CLOCK`, a path through

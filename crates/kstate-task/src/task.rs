@@ -406,6 +406,11 @@ impl Task {
         self.touched
     }
 
+    /// Whether the task took a record (processed or skipped it) since its last commit.
+    pub(crate) fn progressed(&self) -> bool {
+        self.processed_since_commit > 0
+    }
+
     fn count_committed(&mut self) {
         self.touched = false;
         self.committed.add(

@@ -29,7 +29,10 @@ use crate::worker::retries::Retries;
 use crate::worker::slots::{Buffered, Released, Slots};
 
 /// A task whose stores keep disagreeing with their changelog after this many restores in a row
-/// (without a commit in between) fails the worker.
+/// (without a commit of records it took in between) fails the worker. A commit that carries
+/// none of its records does not count: under at-least-once every periodic commit succeeds (its
+/// offsets go asynchronously), so a task that restores, fails again before it takes a record,
+/// and restores again would otherwise loop for ever.
 const MAX_RESTORES: u32 = 3;
 
 /// How often the last offset commit is looked for in the group's offsets.
@@ -623,10 +626,15 @@ impl Core {
         }
         let Core { slots, path, .. } = self;
         let mut tasks = slots.running();
+        let progressed: Vec<i32> = tasks
+            .iter()
+            .filter(|t| t.progressed())
+            .map(|t| t.id.partition)
+            .collect();
         match path.commit(&mut tasks, input, Occasion::Periodic) {
             Ok(Committed::Done) => {
                 self.retries.committed();
-                self.restores.clear();
+                self.restores.retain(|p, _| !progressed.contains(p));
                 self.failed_records.retain(|f| !f.applied);
             }
             Ok(Committed::Aborted(why)) => {

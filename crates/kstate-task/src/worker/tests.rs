@@ -727,6 +727,47 @@ fn a_store_that_disagrees_with_its_changelog_restores_its_task_again_a_bounded_n
     );
 }
 
+/// Under at-least-once every periodic commit succeeds (its offsets go asynchronously): a commit
+/// that carries none of a task's records must not reset the count of its restores, or a task
+/// that disagrees with its changelog again before it takes a record restores for ever. A
+/// commit of records it took does reset it.
+#[test]
+fn at_least_once_restores_again_are_bounded_through_periodic_commits_without_progress() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    let rec = record("a", 0, 0, b"k");
+    for round in 1..=3 {
+        h.core
+            .task_failed(&h.input, Some(&rec), foreign_write(10, 14));
+        assert!(h.core.health.is_ok(), "round {round}");
+        h.finish_restores();
+        assert!(h.running(0));
+        h.core.commit(&h.input);
+        assert!(h.core.health.is_ok(), "round {round}");
+    }
+    h.core
+        .task_failed(&h.input, Some(&rec), foreign_write(10, 14));
+    let failure = std::mem::replace(&mut h.core.health, Health::Ok).into_failure();
+    assert!(
+        matches!(failure, Some(TaskError::Corrupted { restores: 3, .. })),
+        "{failure:?}"
+    );
+
+    // A task that takes a record and commits it between restores is not looping.
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    for round in 0..6 {
+        let rec = record("a", 0, round, b"k");
+        h.core
+            .task_failed(&h.input, Some(&rec), foreign_write(10, 14));
+        assert!(h.core.health.is_ok(), "round {round}");
+        h.finish_restores();
+        h.core.record(&h.input, &rec);
+        h.core.commit(&h.input);
+        assert!(h.core.health.is_ok(), "round {round}");
+    }
+}
+
 /// The records a task processed in the transaction that its disagreeing store aborted were
 /// consumed: restored again, the task must read them again from its committed offsets, not go
 /// on from where the consumer is (found by a standby chaos run: a zombie's abort marker landed
