@@ -74,6 +74,6 @@ pub use producer::{SharedProducer, TIME_HEADER};
 pub use restore::{
     BatchRestored, CancelToken, OpenHooks, PREFETCHED_END_TTL, RESTORE_FETCH_SETTINGS, RecordCheck,
     RestoreClients, RestoreCluster, RestoreListener, RestoreReport, RestoreStart, RestoredStore,
-    StoreLocation, follow_changelog, move_task_directory,
+    StoreLocation, follow_changelog, follow_changelog_sharing, move_task_directory,
 };
 pub use topic::create_topic_if_missing;

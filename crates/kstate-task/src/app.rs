@@ -204,7 +204,7 @@ fn start_threads(
     if let Some(standbys) = shared.standbys.clone() {
         let app = shared.clone();
         handles.push(spawn_thread("kstate-standbys".into(), move || {
-            crate::standby::run(standbys, app)
+            crate::standby::run(standbys, app, cluster)
         })?);
     }
     Ok(())

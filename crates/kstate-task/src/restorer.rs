@@ -197,7 +197,7 @@ impl ThreadClients {
 /// The shared clients for `config`: those the threads share, if they suit it, else new ones
 /// that the threads share from now on.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
-fn shared_cluster(
+pub(crate) fn shared_cluster(
     shared: &SharedCluster,
     config: &ChangelogConfig,
 ) -> Result<Arc<RestoreCluster>, ChangelogError> {

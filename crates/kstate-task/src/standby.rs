@@ -12,7 +12,7 @@
 //! another kind), the standbys stay as they are.
 //!
 //! **How.** One thread per standby task opens the task's part of the process's RocksDB and
-//! follows each store's changelog ([`follow_changelog`], `read_committed`: under exactly-once a
+//! follows each store's changelog ([`follow_changelog_sharing`], `read_committed`: under exactly-once a
 //! standby applies committed data only, and it never writes to Kafka). When a worker of this
 //! process is assigned the task, [`Standbys::activate`] cancels the follower before the restore
 //! job is sent; the follower closes the stores at their position, and the restore, which waits
@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use kstate_core::sync::lock;
 use kstate_kafka::{
     BatchRestored, CancelToken, ChangelogConfig, ConnectionWatch, RestoreListener, StoreLocation,
-    follow_changelog,
+    follow_changelog_sharing,
 };
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::groups::GroupList;
@@ -38,6 +38,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::ids::TaskId;
 use crate::placement::{RangePlacement, process_of};
+use crate::restorer::{SharedCluster, shared_cluster};
 use crate::shared::AppShared;
 use crate::status::TaskState;
 
@@ -141,7 +142,7 @@ impl Standbys {
     }
 
     /// Follows exactly the tasks of `wanted` that no worker of this process holds now.
-    fn reconcile(&self, wanted: &BTreeSet<TaskId>, app: &Arc<AppShared>) {
+    fn reconcile(&self, wanted: &BTreeSet<TaskId>, app: &Arc<AppShared>, cluster: &SharedCluster) {
         let mut followers = lock(&self.followers);
         // Read under the followers' lock: a worker marks a task in the registry before it
         // activates it, so either the task is seen here, or its activation comes after.
@@ -157,7 +158,7 @@ impl Standbys {
             if followers.by_task.contains_key(&task) {
                 continue;
             }
-            match start_follower(task, app) {
+            match start_follower(task, app, cluster) {
                 Ok(f) => {
                     tracing::info!(%task, "standby following");
                     followers.by_task.insert(task, f);
@@ -260,7 +261,11 @@ impl Standbys {
 }
 
 /// Starts following every store of `task`.
-fn start_follower(task: TaskId, app: &Arc<AppShared>) -> std::io::Result<Follower> {
+fn start_follower(
+    task: TaskId,
+    app: &Arc<AppShared>,
+    cluster: &SharedCluster,
+) -> std::io::Result<Follower> {
     let config = &app.config;
     let stores: Vec<(String, ChangelogConfig)> = config
         .stores
@@ -281,9 +286,10 @@ fn start_follower(task: TaskId, app: &Arc<AppShared>) -> std::io::Result<Followe
         lag: Mutex::default(),
     });
     let (app, token, listener) = (app.clone(), cancel.clone(), state.clone());
+    let cluster = cluster.clone();
     let thread = std::thread::Builder::new()
         .name(format!("kstate-standby-{}", task.partition))
-        .spawn(move || follow(task, &app, stores, &token, listener))?;
+        .spawn(move || follow(task, &app, &cluster, stores, &token, listener))?;
     Ok(Follower {
         cancel,
         thread,
@@ -294,9 +300,12 @@ fn start_follower(task: TaskId, app: &Arc<AppShared>) -> std::io::Result<Followe
 
 /// A follower's thread: opens the task, follows each store in a thread of its own until
 /// cancelled (one failing store stops the others: the task is followed whole or not at all).
+/// Every follower shares the process's metadata and admin clients with the restorers
+/// (`cluster`): a followed store costs one replaying consumer.
 fn follow(
     task: TaskId,
     app: &AppShared,
+    cluster: &SharedCluster,
     stores: Vec<(String, ChangelogConfig)>,
     cancel: &CancelToken,
     listener: Arc<FollowState>,
@@ -328,8 +337,17 @@ fn follow(
                 .spawn_scoped(scope, move || {
                     // Its restore's log lines say they are a standby's.
                     let _span = tracing::info_span!("standby", task = task.partition).entered();
-                    let followed =
-                        follow_changelog(location, options, changelog, Some(listener), cancel);
+                    let followed = match shared_cluster(cluster, changelog) {
+                        Ok(cluster) => follow_changelog_sharing(
+                            cluster,
+                            location,
+                            options,
+                            changelog,
+                            Some(listener),
+                            cancel,
+                        ),
+                        Err(e) => Err(e),
+                    };
                     if let Err(e) = followed {
                         if !cancel.is_cancelled() {
                             tracing::warn!(%task, store = %name, error = %e, "a standby stopped");
@@ -402,7 +420,7 @@ fn wanted(
 /// The manager thread: looks at the group every [`REFRESH`] or when a worker's assignment
 /// changes, and keeps the followers to what it finds; stops them all when the application
 /// stops.
-pub(crate) fn run(standbys: Arc<Standbys>, app: Arc<AppShared>) {
+pub(crate) fn run(standbys: Arc<Standbys>, app: Arc<AppShared>, cluster: SharedCluster) {
     let client: BaseConsumer<ConnectionWatch> = match app
         .config
         .client
@@ -425,7 +443,7 @@ pub(crate) fn run(standbys: Arc<Standbys>, app: Arc<AppShared>) {
         match wanted(&client, &app) {
             Ok(Some(wanted)) => {
                 mismatched_since = None;
-                standbys.reconcile(&wanted, &app);
+                standbys.reconcile(&wanted, &app, &cluster);
             }
             Ok(None) => {
                 let since = *mismatched_since.get_or_insert_with(Instant::now);

@@ -256,16 +256,28 @@ pub fn follow_changelog(
     listener: Option<Arc<dyn RestoreListener>>,
     stop: &CancelToken,
 ) -> Result<RestoreReport, ChangelogError> {
+    let cluster = Arc::new(RestoreCluster::new(config)?);
+    follow_changelog_sharing(cluster, location, options, config, listener, stop)
+}
+
+/// [`follow_changelog`] with the metadata and admin clients of `cluster`, which many followers
+/// (a process's standbys) and restores share: a follower then costs one replaying consumer,
+/// not three Kafka clients, each with its threads and sockets. `cluster` must
+/// [suit](RestoreCluster::suits) `config`.
+pub fn follow_changelog_sharing(
+    cluster: Arc<RestoreCluster>,
+    location: impl Into<StoreLocation>,
+    options: &RocksDbOptions,
+    config: &ChangelogConfig,
+    listener: Option<Arc<dyn RestoreListener>>,
+    stop: &CancelToken,
+) -> Result<RestoreReport, ChangelogError> {
     let hooks = OpenHooks {
         listener,
         record_check: None,
         cancel: Some(stop.clone()),
     };
-    let clients = RestoreClients::with_settings(
-        Arc::new(RestoreCluster::new(config)?),
-        config,
-        &[FOLLOW_FETCH_WAIT],
-    )?;
+    let clients = RestoreClients::with_settings(cluster, config, &[FOLLOW_FETCH_WAIT])?;
     let location = location.into();
     let restored = restore(&location, options, config, &hooks, &clients, true)?;
     restored.store.close()?;

@@ -1,0 +1,116 @@
+//! Standby followers share the process's Kafka clients, against a real broker.
+//!
+//! Two processes of one application (two `App`s in this test process, static members of the
+//! eager `range` assignor, one standby replica) on twelve partitions of three stores: each runs
+//! six tasks and follows the other six, eighteen changelogs. A follower used to make three
+//! librdkafka clients per store (a metadata client, an admin client, a replaying consumer), each
+//! with its own threads and sockets; it now shares the metadata and admin clients of the
+//! process's restorers and costs one replaying consumer. Counted by librdkafka's main threads
+//! (`rdk:main`, one per client instance): at most one per followed store beyond what a process
+//! holds without standbys.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::streams::wait_for;
+use kstate::kstate_core::BoxError;
+use kstate::kstate_task::{App, Context, GroupProtocol, Processor, Record, Running, StoreOptions};
+use kstate_test_broker::unique_topic;
+
+const PARTITIONS: i32 = 12;
+const STORES: [&str; 3] = ["a", "b", "c"];
+/// Clients a process holds besides its followers' consumers, at most: its worker's consumer
+/// and producer, its restorers' consumers and their shared metadata and admin clients, the
+/// standby manager's group reader, with room to spare. Three clients per followed store, the
+/// old cost, exceeds this by far (eighteen stores a process).
+const CLIENTS_BESIDES_FOLLOWERS: usize = 16;
+
+struct Nothing;
+
+impl Processor for Nothing {
+    fn process(&mut self, _: &mut Context<'_>, _: &Record<'_>) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+/// librdkafka client instances in this process: threads named `rdk:main`.
+fn librdkafka_clients() -> anyhow::Result<usize> {
+    let mut n = 0;
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let comm = std::fs::read_to_string(task?.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == "rdk:main" {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+fn start(app_id: &str, servers: &str, input: &str, process: usize) -> anyhow::Result<Running> {
+    let dir = std::env::temp_dir().join(format!("{app_id}-p{process}"));
+    let mut builder = App::builder(app_id, servers);
+    builder
+        .input(input)
+        .state_dir(&dir)
+        .group_protocol(GroupProtocol::Eager)
+        .instance_id(format!("p{process}"))
+        .static_membership(true)
+        .standby_replicas(1)
+        .consumer_property("session.timeout.ms", "6000")
+        .consumer_property("heartbeat.interval.ms", "1000");
+    for store in STORES {
+        builder.store::<Vec<u8>, u64>(store, StoreOptions::default());
+    }
+    Ok(builder.build(|_| Box::new(Nothing))?.start()?)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn standby_followers_share_their_kafka_clients() -> anyhow::Result<()> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let input = unique_topic("followers-in");
+    common::create_topic(&servers, &input, PARTITIONS, "delete").await?;
+    let app_id = unique_topic("followers");
+    let processes = [
+        start(&app_id, &servers, &input, 0)?,
+        start(&app_id, &servers, &input, 1)?,
+    ];
+    // Each process follows the six tasks the other runs, once the group has settled.
+    let half = (PARTITIONS / 2) as usize;
+    wait_for(
+        "each process following the other's tasks",
+        Duration::from_secs(120),
+        || {
+            Ok(processes.iter().all(|p| {
+                let standbys = p.standbys();
+                standbys.len() == half && standbys.iter().all(|s| s.lag.is_some())
+            }))
+        },
+    )?;
+    let followed_stores = processes
+        .iter()
+        .map(|p| p.standbys().len() * STORES.len())
+        .sum::<usize>();
+    let clients = librdkafka_clients()?;
+    let allowed = followed_stores + processes.len() * CLIENTS_BESIDES_FOLLOWERS;
+    eprintln!(
+        "standby followers: {followed_stores} followed stores, {clients} librdkafka clients in \
+         the process (at most {allowed} allowed)"
+    );
+    assert!(
+        clients <= allowed,
+        "{clients} librdkafka clients for {followed_stores} followed stores in two processes: \
+         more than one per followed store besides {CLIENTS_BESIDES_FOLLOWERS} a process"
+    );
+    for p in &processes {
+        p.shutdown();
+    }
+    for p in processes {
+        p.wait().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    for process in 0..2 {
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("{app_id}-p{process}")));
+    }
+    Ok(())
+}
