@@ -374,7 +374,7 @@ async fn prefetched_ends_serve_restores_and_one_older_than_the_store_is_asked_ag
         store.close()?;
     }
     let clients = RestoreClients::new(&config(0)?)?;
-    assert_eq!(clients.prefetch_ends(&[config(0)?, config(1)?])?, 2);
+    assert_eq!(clients.prefetch_ends(&[config(0)?, config(1)?], None)?, 2);
 
     // Partition 0 moves on after the prefetch: 50 records more than its prefetched end says.
     let store = LoggedStore::open(
@@ -439,7 +439,10 @@ fn write_past_a_prefetch(
     )?;
     common::write_keys(&writer, 0..100)?;
     writer.commit()?;
-    assert_eq!(clients.prefetch_ends(std::slice::from_ref(config))?, 1);
+    assert_eq!(
+        clients.prefetch_ends(std::slice::from_ref(config), None)?,
+        1
+    );
     common::write_keys(&writer, 100..150)?;
     writer.close()?;
     Ok(())
@@ -558,11 +561,11 @@ async fn missing_changelog_topics_are_created_together_and_their_restores_find_t
         }
     }
     let clients = RestoreClients::new(&changelogs[0])?;
-    let mut created = clients.create_missing_topics(&changelogs)?;
+    let mut created = clients.create_missing_topics(&changelogs, None)?;
     created.sort();
     assert_eq!(created, [a.clone(), b.clone()], "a and b");
     assert!(
-        clients.create_missing_topics(&changelogs)?.is_empty(),
+        clients.create_missing_topics(&changelogs, None)?.is_empty(),
         "all exist now"
     );
     // A new topic's partitions have no leader for a moment: the runtime asks for their ends
@@ -570,7 +573,7 @@ async fn missing_changelog_topics_are_created_together_and_their_restores_find_t
     wait_for(
         "the ends of every partition",
         Duration::from_secs(30),
-        || Ok(matches!(clients.prefetch_ends(&changelogs), Ok(6))),
+        || Ok(matches!(clients.prefetch_ends(&changelogs, None), Ok(6))),
     )?;
     // Restores through clients of their own check each topic afresh: partitions, compaction.
     let fresh = RestoreClients::new(&changelogs[0])?;
@@ -588,7 +591,7 @@ async fn missing_changelog_topics_are_created_together_and_their_restores_find_t
 
     let unsized_topic = unique_topic("create-unsized");
     let unsized_config = ChangelogConfig::new(common::client()?, &unsized_topic, 0);
-    match clients.create_missing_topics(&[unsized_config]) {
+    match clients.create_missing_topics(&[unsized_config], None) {
         Err(ChangelogError::InvalidConfig { topic, message }) => {
             assert_eq!(topic, unsized_topic);
             assert!(message.contains("partitions"), "{message}");
@@ -608,7 +611,7 @@ async fn a_prefetch_that_finds_no_topic_leaves_the_restores_to_find_it_once_crea
     let dir = tempfile::tempdir()?;
     let config = |p: i32| two_partitions(&topic, p);
     let clients = RestoreClients::new(&config(0)?)?;
-    assert_eq!(clients.prefetch_ends(&[config(0)?, config(1)?])?, 0);
+    assert_eq!(clients.prefetch_ends(&[config(0)?, config(1)?], None)?, 0);
     // Created by another client, as another restorer thread of the task runtime does.
     common::create_topic(common::client()?, &topic, 2, "compact").await?;
     for p in 0..2 {

@@ -11,7 +11,11 @@
 //!   input offsets not committed yet (the commit interval is an hour);
 //! - store writes the broker has not acknowledged: the processor writes its store only and is
 //!   slow, so it goes on with records fetched before the pause, whose changelog records cannot
-//!   be delivered.
+//!   be delivered;
+//! - standbys: two processes follow each other's tasks (eight tasks of three stores, twelve
+//!   followed changelogs each). The standby manager's lag probe once cost up to 5 s per
+//!   changelog against a broker that does not answer, and its followers are joined: shutdown
+//!   must not wait on either.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,7 +30,7 @@ use common::failures::wait_within;
 use common::streams::{produce, read_topic, wait_for};
 use kstate::kstate_core::BoxError;
 use kstate::kstate_task::{
-    App, AppBuilder, Context, Processor, Record, Running, StoreHandle, StoreOptions,
+    App, AppBuilder, Context, GroupProtocol, Processor, Record, Running, StoreHandle, StoreOptions,
 };
 use kstate_test_broker::{PrivateBroker, unique_topic};
 
@@ -146,5 +150,58 @@ async fn shutdown_with_unacknowledged_store_writes_ends_while_the_broker_stands_
         || Ok(processed.load(Ordering::Acquire) >= at_pause + 100),
     )?;
     assert_shutdown_is_bounded(&running);
+    Ok(())
+}
+
+/// Takes records and does nothing with them.
+struct Idle;
+
+impl Processor for Idle {
+    fn process(&mut self, _: &mut Context<'_>, _: &Record<'_>) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_with_standbys_ends_while_the_broker_stands_still() -> anyhow::Result<()> {
+    const PARTITIONS: i32 = 8;
+    let broker = PrivateBroker::start()?;
+    let servers = broker.bootstrap_servers().to_string();
+    let (app_id, input) = (unique_topic("bounded"), unique_topic("bounded-in"));
+    common::create_topic(servers.as_str(), &input, PARTITIONS, "delete").await?;
+    let dirs = [tempfile::tempdir()?, tempfile::tempdir()?];
+    let mut processes = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let mut builder = builder(&servers, &app_id, &input, dir.path());
+        builder
+            .group_protocol(GroupProtocol::Eager)
+            .instance_id(format!("p{i}"))
+            .static_membership(true)
+            .standby_replicas(1)
+            .consumer_property("session.timeout.ms", "6000")
+            .consumer_property("heartbeat.interval.ms", "1000");
+        for store in ["a", "b", "c"] {
+            builder.store::<Vec<u8>, u64>(store, StoreOptions::default());
+        }
+        processes.push(Arc::new(builder.build(|_| Box::new(Idle))?.start()?));
+    }
+    let half = (PARTITIONS / 2) as usize;
+    wait_for("each process following the other's tasks", WAIT, || {
+        Ok(processes.iter().all(|p| {
+            let standbys = p.standbys();
+            standbys.len() == half && standbys.iter().all(|s| s.lag.is_some())
+        }))
+    })?;
+    broker.pause()?;
+    for p in &processes {
+        p.shutdown();
+    }
+    for (i, p) in processes.iter().enumerate() {
+        assert!(
+            wait_within(p, LIMIT).is_some(),
+            "process {i}: wait() had not returned {LIMIT:?} after shutdown() with the broker \
+             paused and {half} standby tasks of three stores"
+        );
+    }
     Ok(())
 }

@@ -56,6 +56,9 @@ pub enum MetadataError {
         /// "connecting to a SSL listener?").
         last_error: Option<String>,
     },
+    /// The caller stopped waiting ([`fetch_metadata_while`]'s `cancelled`).
+    #[error("cancelled while waiting for the cluster's metadata")]
+    Cancelled,
 }
 
 /// A client context that remembers the client's last error, and the last
@@ -178,11 +181,26 @@ pub fn fetch_metadata(
     topic: Option<&str>,
     timeout: Duration,
 ) -> Result<Metadata, MetadataError> {
+    fetch_metadata_while(client, topic, timeout, &|| false)
+}
+
+/// [`fetch_metadata`] that gives up with [`MetadataError::Cancelled`] within one slice of the
+/// wait (a second) once `cancelled` says so: a follower or restore revoked while the broker
+/// does not answer must not hold its task, or a shutdown, for the whole timeout.
+pub(crate) fn fetch_metadata_while(
+    client: &BaseConsumer<ConnectionWatch>,
+    topic: Option<&str>,
+    timeout: Duration,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Metadata, MetadataError> {
     // Errors queued before this call are old news: served (and so dated) now, they would look
     // like failures of this call.
     serve_events(client);
     let started = Instant::now();
     loop {
+        if cancelled() {
+            return Err(MetadataError::Cancelled);
+        }
         let left = timeout.saturating_sub(started.elapsed());
         let result = client.fetch_metadata(topic, left.min(SLICE));
         if result.is_err() {

@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::ChangelogConfig;
-use crate::connection::{ConnectionWatch, MetadataError};
+use crate::connection::{ConnectionWatch, MetadataError, fetch_metadata_while};
 use crate::error::ChangelogError;
 
 /// What the store needs to know of its topic.
@@ -50,6 +50,7 @@ pub(crate) fn ensure_topic(
     probe: &BaseConsumer<ConnectionWatch>,
     admin: &AdminClient<DefaultClientContext>,
     create: bool,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<Option<CheckedTopic>, ChangelogError> {
     let outside = match config.partitions {
         Some(n) => config.partition < 0 || config.partition >= n,
@@ -66,22 +67,22 @@ pub(crate) fn ensure_topic(
         });
     }
     // The first contact with the cluster: a wrong password or certificate ends it at once.
-    let metadata =
-        crate::connection::fetch_metadata(probe, Some(&config.topic), config.open_timeout)
-            .map_err(|e| match e {
-                MetadataError::Security(failure) => ChangelogError::Security {
-                    bootstrap_servers: config.bootstrap_servers().to_string(),
-                    topic: config.topic.clone(),
-                    failure,
-                },
-                MetadataError::Timeout { error, last_error } => ChangelogError::BrokerUnreachable {
-                    bootstrap_servers: config.bootstrap_servers().to_string(),
-                    topic: config.topic.clone(),
-                    timeout: config.open_timeout,
-                    source: error,
-                    last_error,
-                },
-            })?;
+    let metadata = fetch_metadata_while(probe, Some(&config.topic), config.open_timeout, cancelled)
+        .map_err(|e| match e {
+            MetadataError::Security(failure) => ChangelogError::Security {
+                bootstrap_servers: config.bootstrap_servers().to_string(),
+                topic: config.topic.clone(),
+                failure,
+            },
+            MetadataError::Timeout { error, last_error } => ChangelogError::BrokerUnreachable {
+                bootstrap_servers: config.bootstrap_servers().to_string(),
+                topic: config.topic.clone(),
+                timeout: config.open_timeout,
+                source: error,
+                last_error,
+            },
+            MetadataError::Cancelled => cancelled_error(config),
+        })?;
     let topic = metadata.topics().iter().find(|t| t.name() == config.topic);
     let exists = topic.is_some_and(|t| t.error().is_none() && !t.partitions().is_empty());
     if !exists {
@@ -90,7 +91,14 @@ pub(crate) fn ensure_topic(
         }
         create_topics(&[config], admin)?;
     }
-    verify_topic(config, probe, admin).map(Some)
+    verify_topic(config, probe, admin, cancelled).map(Some)
+}
+
+fn cancelled_error(config: &ChangelogConfig) -> ChangelogError {
+    ChangelogError::Cancelled {
+        topic: config.topic.clone(),
+        partition: config.partition,
+    }
 }
 
 pub(crate) fn kafka(
@@ -210,13 +218,24 @@ fn verify_topic(
     config: &ChangelogConfig,
     probe: &BaseConsumer<ConnectionWatch>,
     admin: &AdminClient<DefaultClientContext>,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<CheckedTopic, ChangelogError> {
     // Metadata of a just-created topic can take a moment to show every partition.
     let deadline = std::time::Instant::now() + config.open_timeout;
     let (actual, replicas, min_replicas, brokers) = loop {
-        let metadata = probe
-            .fetch_metadata(Some(&config.topic), config.open_timeout)
-            .map_err(|source| kafka(config, "read topic metadata", source))?;
+        let metadata =
+            fetch_metadata_while(probe, Some(&config.topic), config.open_timeout, cancelled)
+                .map_err(|e| match e {
+                    MetadataError::Timeout { error, .. } => {
+                        kafka(config, "read topic metadata", error)
+                    }
+                    MetadataError::Cancelled => cancelled_error(config),
+                    MetadataError::Security(failure) => ChangelogError::Security {
+                        bootstrap_servers: config.bootstrap_servers().to_string(),
+                        topic: config.topic.clone(),
+                        failure,
+                    },
+                })?;
         let brokers = metadata.brokers().len();
         let (count, replicas, min_replicas) = metadata
             .topics()

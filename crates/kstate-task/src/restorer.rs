@@ -213,7 +213,7 @@ pub(crate) fn shared_cluster(
 
 /// Asks for the ends of the batch's changelogs at once. Only a shortcut: a failure leaves each
 /// restore to ask for its own.
-fn prefetch(batch: &Batch, clients: &mut ThreadClients) {
+fn prefetch(batch: &Batch, clients: &mut ThreadClients, cancel: &CancelToken) {
     let Some(first) = batch.changelogs.first() else {
         return;
     };
@@ -225,7 +225,8 @@ fn prefetch(batch: &Batch, clients: &mut ThreadClients) {
             return;
         }
     };
-    let created = match clients.create_missing_topics(&batch.of_new_tasks) {
+    let cancel = Some(cancel);
+    let created = match clients.create_missing_topics(&batch.of_new_tasks, cancel) {
         Ok(created) => created,
         // Each restore creates its own topic then, and reports what fails.
         Err(e) => {
@@ -236,7 +237,7 @@ fn prefetch(batch: &Batch, clients: &mut ThreadClients) {
     if created.is_empty() {
         // Every topic existed (a restart, a failover): one prefetch of them all.
         report(
-            clients.prefetch_ends(&batch.changelogs),
+            clients.prefetch_ends(&batch.changelogs, cancel),
             batch.changelogs.len(),
             started,
         );
@@ -253,15 +254,20 @@ fn prefetch(batch: &Batch, clients: &mut ThreadClients) {
         .cloned()
         .partition(|c| created.iter().any(|t| t == c.topic()));
     if !existing.is_empty() {
-        report(clients.prefetch_ends(&existing), existing.len(), started);
+        report(
+            clients.prefetch_ends(&existing, cancel),
+            existing.len(),
+            started,
+        );
     }
     // A new topic's partitions have no leader for a while (10-16 s for three topics of 1,000
     // partitions here): their ends are asked for until every one has, as each restore would.
     let leaders_by = Instant::now() + NEW_TOPIC_LEADER_WAIT;
     let prefetched = loop {
-        let prefetched = clients.prefetch_ends(&new);
+        let prefetched = clients.prefetch_ends(&new, cancel);
         let complete = matches!(prefetched, Ok(found) if found == new.len());
-        if complete || Instant::now() >= leaders_by {
+        let stopped = cancel.is_some_and(CancelToken::is_cancelled);
+        if complete || stopped || Instant::now() >= leaders_by {
             break prefetched;
         }
         std::thread::sleep(NEW_TOPIC_RETRY);
@@ -391,7 +397,7 @@ fn restore_job(
     let span = tracing::info_span!("restore_task", partition = job.task.partition);
     let _entered = span.enter();
     wait_for_ends(&job.batch.prefetched, &job.cancel, || {
-        prefetch(&job.batch, clients)
+        prefetch(&job.batch, clients, &job.cancel)
     });
     let hooks = OpenHooks {
         listener: Some(match listener {

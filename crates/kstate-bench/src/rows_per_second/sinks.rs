@@ -104,7 +104,7 @@ impl BareProducer {
         let what = format!("create topic {}", config.topic());
         let clients = RestoreClients::new(config).map_err(BenchError::store(what.clone()))?;
         clients
-            .create_missing_topics(std::slice::from_ref(config))
+            .create_missing_topics(std::slice::from_ref(config), None)
             .map_err(BenchError::store(what))?;
         let producer: ThreadedProducer<Settled> = ProducerConfig::from(config)
             .client_config()

@@ -41,11 +41,11 @@ use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use super::RESTORE_FETCH_SETTINGS;
 #[cfg(doc)]
 use super::RestoredStore;
 use super::consumer::{EndIsNews, RestoreConsumer};
 use super::end::{Watermarks, capture_ends};
+use super::{CancelToken, RESTORE_FETCH_SETTINGS};
 use crate::client_properties::ClientProperties;
 use crate::config::ChangelogConfig;
 use crate::connection::ConnectionWatch;
@@ -242,16 +242,20 @@ impl RestoreClients {
     /// topics of 1,000 partitions on one broker): a [`prefetch_ends`](Self::prefetch_ends) right
     /// after it may find no end for them, or fail; the task runtime asks again until it has
     /// every end, as a restore waits for its own.
+    ///
+    /// A `cancel`led call returns [`ChangelogError::Cancelled`] within a second, not after the
+    /// open timeout the broker's silence would take.
     pub fn create_missing_topics(
         &self,
         changelogs: &[ChangelogConfig],
+        cancel: Option<&CancelToken>,
     ) -> Result<Vec<String>, ChangelogError> {
         let mut asked = std::collections::HashSet::new();
         let mut missing = Vec::new();
         for config in changelogs {
             if asked.insert(TopicCheck::of(config))
                 && self.checked(config).is_none()
-                && self.ensure_topic(config, false)?.is_none()
+                && self.ensure_topic(config, false, cancel)?.is_none()
             {
                 missing.push(config);
             }
@@ -260,7 +264,7 @@ impl RestoreClients {
         for config in &missing {
             // Verifies (waiting for the new topic's metadata) and remembers it; `create` only
             // in case its metadata does not show it yet, which creating again finds existing.
-            self.ensure_topic(config, true)?;
+            self.ensure_topic(config, true, cancel)?;
         }
         Ok(missing.iter().map(|c| c.topic.clone()).collect())
     }
@@ -272,7 +276,12 @@ impl RestoreClients {
     /// end) is asked for by its own restore, as without a prefetch; so is every partition if
     /// this fails, which is why a caller may ignore the error. `changelogs` must
     /// [suit](Self::suits) these clients.
-    pub fn prefetch_ends(&self, changelogs: &[ChangelogConfig]) -> Result<usize, ChangelogError> {
+    /// A `cancel`led call stops checking topics within a second.
+    pub fn prefetch_ends(
+        &self,
+        changelogs: &[ChangelogConfig],
+        cancel: Option<&CancelToken>,
+    ) -> Result<usize, ChangelogError> {
         // Only topics found as required: a missing topic is left to the restores, which may
         // create it (and a client that was asked about it before it existed fails to find its
         // partitions afterwards).
@@ -281,7 +290,8 @@ impl RestoreClients {
             .iter()
             .filter(|c| {
                 *usable.entry(TopicCheck::of(c)).or_insert_with(|| {
-                    self.checked(c).is_some() || matches!(self.ensure_topic(c, false), Ok(Some(_)))
+                    self.checked(c).is_some()
+                        || matches!(self.ensure_topic(c, false, cancel), Ok(Some(_)))
                 })
             })
             .collect();
@@ -332,9 +342,11 @@ impl RestoreClients {
         &self,
         config: &ChangelogConfig,
         create: bool,
+        cancel: Option<&CancelToken>,
     ) -> Result<Option<TopicFacts>, ChangelogError> {
-        let Some(checked) = ensure_topic(config, &self.cluster.probe, &self.cluster.admin, create)?
-        else {
+        let cancelled = || cancel.is_some_and(CancelToken::is_cancelled);
+        let (probe, admin) = (&self.cluster.probe, &self.cluster.admin);
+        let Some(checked) = ensure_topic(config, probe, admin, create, &cancelled)? else {
             return Ok(None);
         };
         let facts = checked.facts.clone();

@@ -38,6 +38,9 @@ impl Watermarks {
     }
 }
 
+/// How long one watermark query of a cancellable capture may wait for the broker.
+const CANCEL_SLICE: Duration = Duration::from_secs(1);
+
 /// The partition's watermarks once no open transaction holds its stable offset below its end.
 /// `uncommitted` is a [`metadata_client`](crate::topic::metadata_client) (`read_uncommitted`),
 /// `committed` the restore's `read_committed` consumer. A `cancel`led wait returns
@@ -61,26 +64,44 @@ pub(crate) fn capture_end(
     // A partition whose leader is still being elected (a topic created a moment ago, a broker
     // restarting) answers "not leader" at once; a client that already knows the cluster asks
     // again instead of failing the restore.
+    // A query cannot be interrupted: with a cancel token, each waits at most
+    // [`CANCEL_SLICE`] and is asked again while the open timeout lasts, so that a follower or
+    // restore revoked while the broker does not answer lets go within a slice.
     type Query<'a> = &'a dyn Fn(Duration) -> rdkafka::error::KafkaResult<(i64, i64)>;
+    let cancelled = || {
+        cancel
+            .is_some_and(CancelToken::is_cancelled)
+            .then(|| ChangelogError::Cancelled {
+                topic: topic.to_string(),
+                partition,
+            })
+    };
     let watermarks = |query: Query<'_>| loop {
-        match query(config.open_timeout) {
+        if let Some(e) = cancelled() {
+            return Err(e);
+        }
+        let timeout = match cancel {
+            Some(_) => CANCEL_SLICE,
+            None => config.open_timeout,
+        };
+        let in_time = || started.elapsed() < config.open_timeout;
+        match query(timeout) {
             Err(KafkaError::MetadataFetch(
                 RDKafkaErrorCode::NotLeaderForPartition
                 | RDKafkaErrorCode::LeaderNotAvailable
                 | RDKafkaErrorCode::UnknownTopicOrPartition,
-            )) if started.elapsed() < config.open_timeout => {
+            )) if in_time() => {
                 std::thread::sleep(Duration::from_millis(20));
             }
+            Err(KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut))
+                if cancel.is_some() && in_time() => {}
             result => return result.map_err(unreachable),
         }
     };
     let mut logged = false;
     loop {
-        if cancel.is_some_and(CancelToken::is_cancelled) {
-            return Err(ChangelogError::Cancelled {
-                topic: topic.to_string(),
-                partition,
-            });
+        if let Some(e) = cancelled() {
+            return Err(e);
         }
         let (low, high) =
             watermarks(&|timeout| uncommitted.fetch_watermarks(topic, partition, timeout))?;

@@ -306,7 +306,7 @@ fn check_and_capture(
     create: bool,
     cancel: Option<&CancelToken>,
 ) -> Result<(Option<TopicFacts>, Option<end::Watermarks>, Instant), ChangelogError> {
-    let facts = clients.ensure_topic(config, create)?;
+    let facts = clients.ensure_topic(config, create, cancel)?;
     let started = Instant::now();
     let watermarks = match facts {
         Some(_) => Some(end::capture_end(
