@@ -56,7 +56,7 @@ pub enum MetadataError {
         /// "connecting to a SSL listener?").
         last_error: Option<String>,
     },
-    /// The caller stopped waiting ([`fetch_metadata_while`]'s `cancelled`).
+    /// The caller stopped waiting (a restore or follower cancelled while the cluster was silent).
     #[error("cancelled while waiting for the cluster's metadata")]
     Cancelled,
 }
