@@ -264,28 +264,6 @@ async fn at_least_once_log_and_continue_skips_failing_records() -> anyhow::Resul
     Ok(())
 }
 
-/// Sends `(key, timestamp)` records, in order, to partition 0 of `topic`.
-fn send_timed(servers: &str, topic: &str, records: &[(&[u8], i64)]) -> anyhow::Result<()> {
-    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
-    let producer = kstate_bench::kafka::producer(
-        kstate::kstate_kafka::ClientProperties::new(servers),
-        5,
-        DefaultProducerContext,
-    )?;
-    for (key, time) in records {
-        kstate_bench::kafka::send(
-            &producer,
-            BaseRecord::to(topic)
-                .partition(0)
-                .key(*key)
-                .payload(&b"x"[..])
-                .timestamp(*time),
-        );
-    }
-    producer.flush(Duration::from_secs(30))?;
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_record_timestamped_past_what_a_window_can_hold_is_skipped_and_moves_no_time()
 -> anyhow::Result<()> {
@@ -320,18 +298,16 @@ async fn a_record_timestamped_past_what_a_window_can_hold_is_skipped_and_moves_n
         let (app, _) = windowed::build(&mut builder, windows, &output)?;
         let running = app.start()?;
         let t0 = common::recent_minute();
-        send_timed(
-            &servers,
-            &input,
-            &[
-                (b"k", t0),
-                (b"k", t0 + 1_000),
-                (b"k", i64::MAX),
-                (b"k", t0 + 2_000),
-                // Closes window t0 (at t0 + 70 s), and nothing after it.
-                (b"z", t0 + 100_000),
-            ],
-        )?;
+        let records: [(&[u8], i64); 5] = [
+            (b"k", t0),
+            (b"k", t0 + 1_000),
+            (b"k", i64::MAX),
+            (b"k", t0 + 2_000),
+            // Closes window t0 (at t0 + 70 s), and nothing after it.
+            (b"z", t0 + 100_000),
+        ];
+        let records = records.map(|(key, time)| (0, key, &b"x"[..], time));
+        common::streams::produce_timed(&servers, &input, records)?;
         wait_for("window t0's final count", WAIT, || {
             Ok(!read_topic(&servers, &output, 1)?.is_empty())
         })?;

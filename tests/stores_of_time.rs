@@ -17,7 +17,6 @@ use common::streams::wait_for;
 use kstate::kstate_core::{BoxError, SessionOptions, TtlOptions};
 use kstate::kstate_task::{App, Context, Processor, QueryError, Record, SessionHandle, TtlHandle};
 use kstate_test_broker::unique_topic;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 
 const GAP: Duration = Duration::from_secs(5);
 const TTL: Duration = Duration::from_secs(30);
@@ -51,23 +50,10 @@ impl Processor for Activity {
 }
 
 fn send(servers: &str, topic: &str, records: &[(&[u8], i64)]) -> anyhow::Result<()> {
-    let producer = kstate_bench::kafka::producer(
-        kstate::kstate_kafka::ClientProperties::new(servers),
-        5,
-        DefaultProducerContext,
-    )?;
-    for (key, time) in records {
-        kstate_bench::kafka::send(
-            &producer,
-            BaseRecord::to(topic)
-                .partition(0)
-                .key(*key)
-                .payload(&b"seen"[..])
-                .timestamp(*time),
-        );
-    }
-    producer.flush(Duration::from_secs(60))?;
-    Ok(())
+    let records = records
+        .iter()
+        .map(|(key, time)| (0, *key, &b"seen"[..], *time));
+    common::streams::produce_timed(servers, topic, records)
 }
 
 fn start(

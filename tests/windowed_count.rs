@@ -42,7 +42,6 @@ use kstate::kstate_core::{BoxError, WindowOptions};
 use kstate::kstate_task::{App, Context, ErrorPolicy, ProcessingGuarantee, Processor, Record};
 use kstate_test_broker::unique_topic;
 use rand::{Rng, SeedableRng};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 
 const PARTITIONS: i32 = 4;
 const KEYS: usize = 40;
@@ -149,23 +148,10 @@ fn send_values<'a>(
     topic: &str,
     records: impl IntoIterator<Item = (&'a Input, &'a [u8])>,
 ) -> anyhow::Result<()> {
-    let producer = kstate_bench::kafka::producer(
-        kstate::kstate_kafka::ClientProperties::new(servers),
-        5,
-        DefaultProducerContext,
-    )?;
-    for ((partition, key, time), value) in records {
-        kstate_bench::kafka::send(
-            &producer,
-            BaseRecord::to(topic)
-                .partition(*partition)
-                .key(&key[..])
-                .payload(value)
-                .timestamp(*time),
-        );
-    }
-    producer.flush(Duration::from_secs(60))?;
-    Ok(())
+    let records = records
+        .into_iter()
+        .map(|((partition, key, time), value)| (*partition, key.as_slice(), value, *time));
+    common::streams::produce_timed(servers, topic, records)
 }
 
 /// The final counts a correct run sends, `<key>@<start>` → count: each partition's records in
@@ -270,13 +256,15 @@ fn check_output(
     Ok(())
 }
 
-async fn copies_for(
-    name: &str,
-    servers: &str,
-    windows: &WindowOptions,
-    n: usize,
-) -> anyhow::Result<(Copies, String, String)> {
-    copies_of(name, servers, windows, n, false).await
+/// A chaos run's bounds and kills, from the environment: at least `KSTATE_WINDOWED_KILLS`
+/// kills (6) and `KSTATE_WINDOWED_SECONDS` (15), a random source seeded by
+/// `KSTATE_WINDOWED_SEED` (random, and printed so that a run can be repeated).
+fn chaos_settings(name: &str) -> (usize, u64, rand::rngs::StdRng) {
+    let min_kills = env_number("KSTATE_WINDOWED_KILLS").unwrap_or(6) as usize;
+    let seconds = env_number("KSTATE_WINDOWED_SECONDS").unwrap_or(15);
+    let seed = env_number("KSTATE_WINDOWED_SEED").unwrap_or_else(|| rand::rng().random());
+    eprintln!("{name}: at least {seconds} s and {min_kills} kills, seed {seed}");
+    (min_kills, seconds, rand::rngs::StdRng::seed_from_u64(seed))
 }
 
 /// `n` copies of the application; with `fails_on_bad`, each runs [`FailsOnBad`] under
@@ -318,14 +306,10 @@ async fn copies_of(
 async fn exactly_once_final_counts_through_random_kills_are_sent_once_and_correct()
 -> anyhow::Result<()> {
     let name = "windowed-eos";
-    let min_kills = env_number("KSTATE_WINDOWED_KILLS").unwrap_or(6) as usize;
-    let seconds = env_number("KSTATE_WINDOWED_SECONDS").unwrap_or(15);
-    let seed = env_number("KSTATE_WINDOWED_SEED").unwrap_or_else(|| rand::rng().random());
-    eprintln!("{name}: at least {seconds} s and {min_kills} kills, seed {seed}");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (min_kills, seconds, mut rng) = chaos_settings(name);
     let servers = kstate_test_broker::bootstrap_servers()?;
     let windows = chaos_windows();
-    let (mut copies, input, output) = copies_for(name, &servers, &windows, 3).await?;
+    let (mut copies, input, output) = copies_of(name, &servers, &windows, 3, false).await?;
     for slot in 0..3 {
         copies.spawn(slot)?;
     }
@@ -456,11 +440,7 @@ impl Backlog {
 async fn exactly_once_final_counts_through_backlogs_time_jumps_and_skipped_records_are_sent_once_and_correct()
 -> anyhow::Result<()> {
     let name = "windowed-backlog";
-    let min_kills = env_number("KSTATE_WINDOWED_KILLS").unwrap_or(6) as usize;
-    let seconds = env_number("KSTATE_WINDOWED_SECONDS").unwrap_or(15);
-    let seed = env_number("KSTATE_WINDOWED_SEED").unwrap_or_else(|| rand::rng().random());
-    eprintln!("{name}: at least {seconds} s and {min_kills} kills, seed {seed}");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (min_kills, seconds, mut rng) = chaos_settings(name);
     let servers = kstate_test_broker::bootstrap_servers()?;
     let windows = backlog_windows();
     let (mut copies, input, output) = copies_of(name, &servers, &windows, 3, true).await?;
@@ -532,7 +512,7 @@ async fn a_late_record_after_a_kill_and_restart_is_refused_as_before() -> anyhow
     let name = "windowed-late";
     let servers = kstate_test_broker::bootstrap_servers()?;
     let windows = minute_windows();
-    let (mut copies, input, output) = copies_for(name, &servers, &windows, 1).await?;
+    let (mut copies, input, output) = copies_of(name, &servers, &windows, 1, false).await?;
     copies.spawn(0)?;
     let a = key(0);
     let second = 1_000i64;

@@ -48,6 +48,31 @@ pub fn produce_with(
     )
 }
 
+/// One timestamped record: partition, key, value and timestamp (ms).
+pub type TimedRecord<'a> = (i32, &'a [u8], &'a [u8], i64);
+
+/// Writes timestamped records to `topic`, in order, and waits until all are acknowledged.
+pub fn produce_timed<'a>(
+    servers: &str,
+    topic: &str,
+    records: impl IntoIterator<Item = TimedRecord<'a>>,
+) -> anyhow::Result<()> {
+    let client = ClientProperties::new(servers);
+    let producer = kstate_bench::kafka::producer(client, 5, DefaultProducerContext)?;
+    for (partition, key, value, time) in records {
+        kstate_bench::kafka::send(
+            &producer,
+            BaseRecord::to(topic)
+                .partition(partition)
+                .key(key)
+                .payload(value)
+                .timestamp(time),
+        );
+    }
+    producer.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
 /// Every record of `topic` (`partitions` partitions) as (partition, offset, key, value), read
 /// with `isolation.level=read_committed` (what an exactly-once writer's readers see; the same as
 /// read_uncommitted for a topic written without transactions) up to the high watermarks taken
