@@ -160,8 +160,9 @@ fn a_full_overlay_asks_for_a_commit_and_applies_nothing_itself() -> Result<()> {
         producer.commit_requested(),
         "25 writes over a bound of 10 did not ask for a commit"
     );
+    // The restore of the empty changelog stored the position before its end; no write moved it.
     ensure!(
-        store.committed_position()?.is_none(),
+        stored(&store)? == -1,
         "a full overlay was applied to RocksDB under a transaction"
     );
     producer.commit_transaction(None, TIMEOUT)?;

@@ -385,6 +385,36 @@ pub fn check_sessions<H: Faults>(harness: &mut H, cases: u32) {
     check::<H, SessionStore<H::Store>>(harness, cases, "a session store");
 }
 
+/// Sequences that once broke an engine, run as they are on window and session stores.
+fn known_sequences() -> Vec<(&'static str, Vec<FaultOp>)> {
+    use FaultOp::{Commit, Crash, Observe, Put, Read};
+    vec![
+        (
+            // A fresh store's first commit writes its stream time alone (no record): the store
+            // must open again after a crash and keep it.
+            "a commit of stream time alone on a fresh store, then a crash",
+            vec![Observe(227), Commit, Crash, Read, Put(0, 20, 3, 1), Read],
+        ),
+        (
+            "a commit of stream time alone after a crash of a fresh store",
+            vec![Crash, Observe(227), Commit, Crash, Read],
+        ),
+    ]
+}
+
+/// Runs [`known_sequences`] on window and session stores over `harness`'s stores. Panics
+/// naming the sequence and the step where the engine disagrees with the model.
+pub fn check_known_sequences<H: Faults>(harness: &mut H) {
+    for (what, ops) in known_sequences() {
+        if let Err(e) = run_ops::<H, WindowStore<H::Store>>(harness, &ops) {
+            panic!("a window store, {what} ({ops:?}): {e}");
+        }
+        if let Err(e) = run_ops::<H, SessionStore<H::Store>>(harness, &ops) {
+            panic!("a session store, {what} ({ops:?}): {e}");
+        }
+    }
+}
+
 /// Generates the fault model tests (window and session stores under random commits, aborts
 /// and crashes) for the engine whose [`Faults`] harness the expression builds.
 #[macro_export]
@@ -404,6 +434,12 @@ macro_rules! fault_tests {
             fn session_stores_under_aborts_and_crashes_match_a_model() {
                 let mut harness = $harness;
                 $crate::testkit::faults::check_sessions(&mut harness, $cases);
+            }
+
+            #[test]
+            fn sequences_that_once_broke_an_engine_match_the_model() {
+                let mut harness = $harness;
+                $crate::testkit::faults::check_known_sequences(&mut harness);
             }
         }
     };

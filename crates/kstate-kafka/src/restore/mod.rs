@@ -365,13 +365,15 @@ pub(crate) fn restore(
     let mut store = location.open(options)?;
     let position = ChangelogPosition::read(&store)?;
 
-    // A store that holds a position never recreates its missing changelog on its own.
-    let create = position.is_none() || config.lost_changelog != LostChangelog::Refuse;
+    let has_data = store.all()?.next().is_some();
+    // A store that holds state never recreates its missing changelog on its own; one that
+    // holds nothing (a position alone, as a restore from an empty changelog leaves) has
+    // nothing to lose.
+    let create = position.is_none() || !has_data || config.lost_changelog != LostChangelog::Refuse;
     let consumer = &clients.consumer;
     // However the restore ends, the consumer leaves this partition for the next restore.
     let _unassign = clients::Unassign(consumer);
     let started = Instant::now();
-    let has_data = store.all()?.next().is_some();
     let reseed_pending = crate::position::is_reseeding(&store)?;
     let decide = |watermarks, delete_retention| {
         trust::decide(&trust::Facts {
@@ -472,10 +474,13 @@ pub(crate) fn restore(
     } else {
         (0, 0)
     };
-    if start_offset < high && !follow {
+    if (start_offset < high || bulk) && !follow {
         // Every offset below the end is covered now, those no record holds too (transaction
         // markers, records compacted away): the position says so, and the next restore starts
-        // at the end instead of reading markers again.
+        // at the end instead of reading markers again. A store restored from an empty
+        // changelog holds a position too (one before the end): its first commit may write
+        // local entries alone (a stream time, dropped segments), and data without a position
+        // would be refused as not a changelog store when it opens again.
         let covered = ChangelogPosition {
             topic: topic.to_string(),
             partition,
@@ -484,7 +489,7 @@ pub(crate) fn restore(
         };
         covered.write_with(&store, std::iter::empty())?;
     }
-    if records > 0 || (start_offset < high && !follow) {
+    if records > 0 || ((start_offset < high || bulk) && !follow) {
         // The replayed batches sit in memtables (no WAL): a crash soon after the restore would
         // replay them all again. One flush makes the restored position durable, so the next
         // restore of this directory replays only what was written after it.

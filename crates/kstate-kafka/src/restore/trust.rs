@@ -7,7 +7,7 @@
 //! | nothing | anything | replay from the low watermark (bulk) |
 //! | data, no position | anything | refuse: not a changelog store ([`LostChangelog`] opts in) |
 //! | a position of another topic/partition | anything | refuse ([`LostChangelog`] opts in) |
-//! | a position | missing (not created) | refuse: lost |
+//! | a position | missing (not created: the store holds data) | refuse: lost |
 //! | a position | no record, and the position is not at its end | refuse: lost ([`LostChangelog`] opts in) |
 //! | a position at or past the end | has records | refuse: recreated or truncated ([`LostChangelog`] opts in) |
 //! | a position below the low watermark - 1 | has records | rebuild: truncated past it |
