@@ -3,18 +3,24 @@
 //!   (restored) without a rebuild: at the partition's end it stores the offset the end covers
 //!   (commit markers included) and a `written_at` of that read, not of its start;
 //! - a follower (or restore) waiting for an open transaction to end returns promptly when
-//!   cancelled, not at its open timeout.
+//!   cancelled, not at its open timeout;
+//! - one follower group follows many tasks' changelogs on as many consumers as a task has
+//!   stores, and each store ends holding exactly its changelog.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 #![allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
+use kstate::kstate_core::KeyValueStore as _;
 use kstate::kstate_kafka::{
-    CancelToken, ChangelogConfig, OpenHooks, RestoredStore, follow_changelog,
+    CancelToken, ChangelogConfig, FollowerGroup, OpenHooks, RestoreClients, RestoreCluster,
+    RestoredStore, follow_changelog,
 };
 use kstate::kstate_rocksdb::RocksDbOptions;
 use kstate_test_broker::{bootstrap_servers, unique_topic};
@@ -130,5 +136,105 @@ async fn a_cancelled_restore_waiting_for_an_open_transaction_returns_promptly() 
         "a cancelled follower returned {took:?} after the cancel ({outcome:?}); its open \
          timeout is 20 s"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_group_follows_many_tasks_on_as_many_consumers_as_a_task_has_stores() -> Result<()> {
+    const TASKS: i32 = 12;
+    const STORES: usize = 3;
+    let topics: Vec<String> = (0..STORES)
+        .map(|s| unique_topic(&format!("group-follow-{s}")))
+        .collect();
+    for topic in &topics {
+        common::create_topic(common::client()?, topic, TASKS, "compact").await?;
+    }
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers()?)
+        .create()?;
+    // What each changelog partition holds, key by key (the last value wins).
+    let mut expected: BTreeMap<(usize, i32), BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+    let mut send = |round: u32| -> Result<()> {
+        for (s, topic) in topics.iter().enumerate() {
+            for task in 0..TASKS {
+                for k in 0..5u32 {
+                    let (key, value) = (format!("k{k}"), format!("{round}-{s}-{task}-{k}"));
+                    producer
+                        .send(
+                            BaseRecord::to(topic)
+                                .partition(task)
+                                .key(&key)
+                                .payload(&value),
+                        )
+                        .map_err(|(e, _)| e)?;
+                    expected
+                        .entry((s, task))
+                        .or_default()
+                        .insert(key.into_bytes(), value.into_bytes());
+                }
+            }
+        }
+        producer.flush(TIMEOUT)?;
+        Ok(())
+    };
+    // Half the records before the stores restore, half while they are followed.
+    send(0)?;
+    let configs = |s: usize, task: i32| -> Result<ChangelogConfig> {
+        Ok(
+            ChangelogConfig::new(bootstrap_servers()?, topics[s].clone(), task)
+                .partitions(TASKS)
+                .open_timeout(Duration::from_secs(20)),
+        )
+    };
+    let first = configs(0, 0)?;
+    let cluster = Arc::new(RestoreCluster::new(&first)?);
+    let group = FollowerGroup::new(cluster.clone());
+    let clients = RestoreClients::sharing(cluster, &first)?;
+    let dir = tempfile::tempdir()?;
+    let stop = CancelToken::new();
+    let mut following = Vec::new();
+    for task in 0..TASKS {
+        for s in 0..STORES {
+            let path = dir.path().join(format!("store-{s}-{task}"));
+            following.push(group.follow(
+                path,
+                &RocksDbOptions::default(),
+                &configs(s, task)?,
+                None,
+                &stop,
+                &clients,
+            )?);
+        }
+    }
+    ensure!(
+        group.lanes() == STORES,
+        "{} tasks of {STORES} stores were followed on {} consumers",
+        TASKS,
+        group.lanes()
+    );
+    send(1)?;
+    // The followers apply within a sweep; give them time, then stop them.
+    std::thread::sleep(Duration::from_secs(3));
+    stop.cancel();
+    for f in following {
+        f.wait()?;
+    }
+    drop(group);
+    for task in 0..TASKS {
+        for s in 0..STORES {
+            let path = dir.path().join(format!("store-{s}-{task}"));
+            let (store, report) = common::open_reporting(&path, configs(s, task)?)?;
+            ensure!(
+                report.records == 0,
+                "store {s} of task {task} replayed {} records on open: the follower missed them",
+                report.records
+            );
+            ensure!(
+                common::contents(&store)? == expected[&(s, task)],
+                "store {s} of task {task} differs from its changelog"
+            );
+            store.close()?;
+        }
+    }
     Ok(())
 }

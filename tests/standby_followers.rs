@@ -4,10 +4,12 @@
 //! eager `range` assignor, one standby replica) on twelve partitions of three stores: each runs
 //! six tasks and follows the other six, eighteen changelogs. A follower used to make three
 //! librdkafka clients per store (a metadata client, an admin client, a replaying consumer), each
-//! with its own threads and sockets; it now shares the metadata and admin clients of the
-//! process's restorers and costs one replaying consumer. Counted by librdkafka's main threads
-//! (`rdk:main`, one per client instance): at most one per followed store beyond what a process
-//! holds without standbys.
+//! with its own threads and sockets, then one replaying consumer per store. Now a process's
+//! standby stores join its follower group, whose lanes (one consumer each, one per store of a
+//! task) follow them all and share the restorers' metadata and admin clients. Counted by
+//! librdkafka's main threads (`rdk:main`, one per client instance) once the standbys have
+//! caught up: at most one per store of a task beyond what a process holds without standbys,
+//! however many tasks it follows.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -92,16 +94,22 @@ async fn standby_followers_share_their_kafka_clients() -> anyhow::Result<()> {
         .iter()
         .map(|p| p.standbys().len() * STORES.len())
         .sum::<usize>();
+    // The standbys' starts (a consumer each while they restore) end once they have caught up.
+    let allowed = processes.len() * (CLIENTS_BESIDES_FOLLOWERS + STORES.len());
+    let settled = wait_for(
+        "the standbys' starts to end",
+        Duration::from_secs(15),
+        || Ok(librdkafka_clients()? <= allowed),
+    );
     let clients = librdkafka_clients()?;
-    let allowed = followed_stores + processes.len() * CLIENTS_BESIDES_FOLLOWERS;
     eprintln!(
         "standby followers: {followed_stores} followed stores, {clients} librdkafka clients in \
          the process (at most {allowed} allowed)"
     );
     assert!(
-        clients <= allowed,
+        settled.is_ok(),
         "{clients} librdkafka clients for {followed_stores} followed stores in two processes: \
-         more than one per followed store besides {CLIENTS_BESIDES_FOLLOWERS} a process"
+         more than one per store of a task besides {CLIENTS_BESIDES_FOLLOWERS} a process"
     );
     for p in &processes {
         p.shutdown();

@@ -72,8 +72,9 @@ pub use member_removal::{MemberRemoved, MemberToRemove, remove_group_members};
 pub use position::{ChangelogPosition, FORMAT_VERSION};
 pub use producer::{SharedProducer, TIME_HEADER};
 pub use restore::{
-    BatchRestored, CancelToken, OpenHooks, PREFETCHED_END_TTL, RESTORE_FETCH_SETTINGS, RecordCheck,
-    RestoreClients, RestoreCluster, RestoreListener, RestoreReport, RestoreStart, RestoredStore,
-    StoreLocation, follow_changelog, follow_changelog_sharing, move_task_directory,
+    BatchRestored, CancelToken, FollowerGroup, Following, OpenHooks, PREFETCHED_END_TTL,
+    RESTORE_FETCH_SETTINGS, RecordCheck, RestoreClients, RestoreCluster, RestoreListener,
+    RestoreReport, RestoreStart, RestoredStore, StoreLocation, follow_changelog,
+    follow_changelog_sharing, move_task_directory,
 };
 pub use topic::create_topic_if_missing;

@@ -141,8 +141,10 @@ impl AppBuilder {
     /// `range` assignor ([`GroupProtocol::Eager`], the default when standbys are on), whose
     /// assignment every process can compute from the members' instance ids
     /// ([`placement`](crate::placement)). A task can have a standby on more than one process
-    /// (a failure also shifts the ranges next to the failed member's), and each follows its
-    /// changelogs with a thread per store. [`Running::standbys`](crate::Running::standbys) shows them.
+    /// (a failure also shifts the ranges next to the failed member's). A process follows all its
+    /// standby stores on a few consumers, one per store of a task however many tasks it follows
+    /// ([`FollowerGroup`](kstate_kafka::FollowerGroup)). [`Running::standbys`](crate::Running::standbys)
+    /// shows them.
     pub fn standby_replicas(&mut self, n: u32) -> &mut Self {
         self.config.standby_replicas = n;
         self

@@ -11,12 +11,15 @@
 //! while its own workers' tasks differ from the model's (a rebalance under way, members of
 //! another kind), the standbys stay as they are.
 //!
-//! **How.** One thread per standby task opens the task's part of the process's RocksDB and
-//! follows each store's changelog ([`follow_changelog_sharing`], `read_committed`: under exactly-once a
-//! standby applies committed data only, and it never writes to Kafka). When a worker of this
-//! process is assigned the task, [`Standbys::activate`] cancels the follower before the restore
-//! job is sent; the follower closes the stores at their position, and the restore, which waits
-//! for the task to be free, replays only what came after.
+//! **How.** A starter thread (at most [`STARTING_AT_ONCE`] at a time) opens the task's part of
+//! the process's RocksDB, restores each store to its changelog's end and hands it to the
+//! process's [`FollowerGroup`], whose few consumers (one per store of a task, whatever the number
+//! of tasks) follow every standby store, `read_committed`: under exactly-once a standby applies
+//! committed data only, and it never writes to Kafka. The group shares the restorers' metadata
+//! and admin clients. When a worker of this process is assigned the task,
+//! [`Standbys::activate`] cancels the follower before the restore job is sent; the group closes
+//! the stores at their position, and the restore, which waits for the task to be free, replays
+//! only what came after.
 //!
 //! A standby that is no longer wanted stops and leaves its data, as a revoked task does: if the
 //! task comes back, its restore starts from there.
@@ -29,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use kstate_core::sync::lock;
 use kstate_kafka::{
-    BatchRestored, CancelToken, ChangelogConfig, ConnectionWatch, RestoreListener, StoreLocation,
-    follow_changelog_sharing,
+    BatchRestored, CancelToken, ChangelogConfig, ConnectionWatch, FollowerGroup, Following,
+    RestoreClients, RestoreListener, StoreLocation,
 };
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::groups::GroupList;
@@ -46,6 +49,9 @@ use crate::status::TaskState;
 const REFRESH: Duration = Duration::from_secs(2);
 /// How long one DescribeGroups may take.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many standby tasks restore to their changelogs' ends at once, each with a consumer of
+/// its own; the rest start as these hand their stores to the follower group.
+const STARTING_AT_ONCE: usize = 2;
 
 /// One standby task of this process, as [`Running::standbys`](crate::Running::standbys) shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,18 +87,67 @@ impl RestoreListener for FollowState {
     }
 }
 
-/// A running follower: its thread, and the token that stops it.
+/// A standby task: the token that stops it, where it is, and what it tells of itself.
 struct Follower {
     cancel: CancelToken,
-    thread: JoinHandle<()>,
+    stage: Stage,
     state: Arc<FollowState>,
     changelogs: Vec<ChangelogConfig>,
+}
+
+/// Where a standby task is.
+enum Stage {
+    /// Its starter thread restores its stores and hands them to the follower group; it returns
+    /// their handles (none if it failed or was cancelled).
+    Starting(JoinHandle<Vec<Following>>),
+    /// The follower group follows its stores.
+    Following(Vec<Following>),
+}
+
+impl Follower {
+    /// Whether it starts no more and follows nothing: its stores are closed.
+    fn ended(&self) -> bool {
+        match &self.stage {
+            Stage::Starting(_) => false,
+            Stage::Following(stores) => stores.iter().all(Following::is_done),
+        }
+    }
+
+    /// Moves a finished start to following.
+    fn started(&mut self, task: TaskId) {
+        if let Stage::Starting(thread) = &self.stage
+            && thread.is_finished()
+        {
+            let stage = std::mem::replace(&mut self.stage, Stage::Following(Vec::new()));
+            if let Stage::Starting(thread) = stage {
+                self.stage = Stage::Following(thread.join().unwrap_or_else(|_| {
+                    tracing::warn!(%task, "a standby's starter thread panicked");
+                    Vec::new()
+                }));
+            }
+        }
+    }
+
+    /// Waits until it ended (its token cancelled first).
+    fn join(self, task: TaskId) {
+        let stores = match self.stage {
+            Stage::Starting(thread) => thread.join().unwrap_or_else(|_| {
+                tracing::warn!(%task, "a standby's starter thread panicked");
+                Vec::new()
+            }),
+            Stage::Following(stores) => stores,
+        };
+        for store in stores {
+            // Its failure, if any, was logged where it happened.
+            let _ = store.wait();
+        }
+    }
 }
 
 #[derive(Default)]
 struct Followers {
     by_task: BTreeMap<TaskId, Follower>,
-    /// A worker was assigned or lost tasks: look at the group again now.
+    /// A worker was assigned or lost tasks, or a standby started: look at the group again now.
     nudged: bool,
 }
 
@@ -101,6 +156,8 @@ struct Followers {
 pub(crate) struct Standbys {
     followers: Mutex<Followers>,
     wake: Condvar,
+    /// Follows every standby store; made with the first standby.
+    group: Mutex<Option<Arc<FollowerGroup>>>,
 }
 
 impl Standbys {
@@ -141,8 +198,39 @@ impl Standbys {
         followers.nudged = false;
     }
 
-    /// Follows exactly the tasks of `wanted` that no worker of this process holds now.
-    fn reconcile(&self, wanted: &BTreeSet<TaskId>, app: &Arc<AppShared>, cluster: &SharedCluster) {
+    /// Looks at the group again soon.
+    fn nudge(&self) {
+        lock(&self.followers).nudged = true;
+        self.wake.notify_all();
+    }
+
+    /// The follower group for `changelog`'s cluster.
+    #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
+    fn group(
+        &self,
+        cluster: &SharedCluster,
+        changelog: &ChangelogConfig,
+    ) -> Result<Arc<FollowerGroup>, kstate_kafka::ChangelogError> {
+        let mut group = lock(&self.group);
+        group.take_if(|g| !g.suits(changelog));
+        Ok(match &*group {
+            Some(g) => g.clone(),
+            None => group
+                .insert(Arc::new(FollowerGroup::new(shared_cluster(
+                    cluster, changelog,
+                )?)))
+                .clone(),
+        })
+    }
+
+    /// Follows exactly the tasks of `wanted` that no worker of this process holds now, starting
+    /// at most [`STARTING_AT_ONCE`] at a time.
+    fn reconcile(
+        self: &Arc<Self>,
+        wanted: &BTreeSet<TaskId>,
+        app: &Arc<AppShared>,
+        cluster: &SharedCluster,
+    ) {
         let mut followers = lock(&self.followers);
         // Read under the followers' lock: a worker marks a task in the registry before it
         // activates it, so either the task is seen here, or its activation comes after.
@@ -154,13 +242,22 @@ impl Standbys {
                 f.cancel.cancel();
             }
         }
+        let mut starting = followers
+            .by_task
+            .values()
+            .filter(|f| matches!(f.stage, Stage::Starting(_)))
+            .count();
         for &task in wanted.iter().filter(|t| keep(t)) {
             if followers.by_task.contains_key(&task) {
                 continue;
             }
-            match start_follower(task, app, cluster) {
+            if starting >= STARTING_AT_ONCE {
+                break;
+            }
+            starting += 1;
+            match start_follower(task, app, cluster, self) {
                 Ok(f) => {
-                    tracing::info!(%task, "standby following");
+                    tracing::info!(%task, "standby starting");
                     followers.by_task.insert(task, f);
                 }
                 Err(e) => tracing::warn!(%task, error = %e, "could not start a standby"),
@@ -175,39 +272,33 @@ impl Standbys {
         );
     }
 
-    /// Joins the followers that ended (cancelled, or failed: a failed one starts again at the
-    /// next look, if still wanted).
+    /// Moves finished starts to following, and forgets the followers that ended (cancelled,
+    /// or failed: a failed one starts again at the next look, if still wanted).
     fn reap(&self) {
-        let ended: Vec<(TaskId, Follower)> = {
-            let mut followers = lock(&self.followers);
-            let done: Vec<TaskId> = followers
-                .by_task
-                .iter()
-                .filter(|(_, f)| f.thread.is_finished())
-                .map(|(t, _)| *t)
-                .collect();
-            done.into_iter()
-                .filter_map(|t| followers.by_task.remove(&t).map(|f| (t, f)))
-                .collect()
-        };
-        for (task, f) in ended {
-            if f.thread.join().is_err() {
-                tracing::warn!(%task, "a standby's thread panicked");
-            }
+        let mut followers = lock(&self.followers);
+        for (task, f) in &mut followers.by_task {
+            f.started(*task);
         }
+        followers.by_task.retain(|task, f| {
+            let ended = f.ended();
+            if ended {
+                tracing::info!(%task, "standby stopped");
+            }
+            !ended
+        });
     }
 
-    /// Stops every follower and waits for them.
+    /// Stops every follower, waits for them, then stops the follower group.
     fn stop_all(&self) {
         let all = std::mem::take(&mut lock(&self.followers).by_task);
         for f in all.values() {
             f.cancel.cancel();
         }
         for (task, f) in all {
-            if f.thread.join().is_err() {
-                tracing::warn!(%task, "a standby's thread panicked");
-            }
+            f.join(task);
+            tracing::info!(%task, "standby stopped");
         }
+        lock(&self.group).take();
     }
 
     /// Measures each standby's lag: its changelogs' ends against its positions. One
@@ -260,11 +351,13 @@ impl Standbys {
     }
 }
 
-/// Starts following every store of `task`.
+/// Starts a standby of `task`: a starter thread restores its stores and hands them to the
+/// follower group.
 fn start_follower(
     task: TaskId,
     app: &Arc<AppShared>,
     cluster: &SharedCluster,
+    standbys: &Arc<Standbys>,
 ) -> std::io::Result<Follower> {
     let config = &app.config;
     let stores: Vec<(String, ChangelogConfig)> = config
@@ -286,83 +379,96 @@ fn start_follower(
         lag: Mutex::default(),
     });
     let (app, token, listener) = (app.clone(), cancel.clone(), state.clone());
-    let cluster = cluster.clone();
+    let (cluster, standbys) = (cluster.clone(), standbys.clone());
     let thread = std::thread::Builder::new()
         .name(format!("kstate-standby-{}", task.partition))
-        .spawn(move || follow(task, &app, &cluster, stores, &token, listener))?;
+        .spawn(move || {
+            let following = start(task, &app, &cluster, &standbys, &stores, &token, listener);
+            standbys.nudge();
+            following
+        })?;
     Ok(Follower {
         cancel,
-        thread,
+        stage: Stage::Starting(thread),
         state,
         changelogs,
     })
 }
 
-/// A follower's thread: opens the task, follows each store in a thread of its own until
-/// cancelled (one failing store stops the others: the task is followed whole or not at all).
-/// Every follower shares the process's metadata and admin clients with the restorers
-/// (`cluster`): a followed store costs one replaying consumer.
-fn follow(
+/// A starter's thread: opens the task, restores each store to its changelog's end and hands it
+/// to the follower group. One failing store stops the others (they share `cancel`): the task is
+/// followed whole or not at all. Returns the handles of the stores followed.
+#[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
+fn start(
     task: TaskId,
     app: &AppShared,
     cluster: &SharedCluster,
-    stores: Vec<(String, ChangelogConfig)>,
+    standbys: &Standbys,
+    stores: &[(String, ChangelogConfig)],
     cancel: &CancelToken,
     listener: Arc<FollowState>,
-) {
+) -> Vec<Following> {
+    // Its restores' log lines say they are a standby's.
+    let _span = tracing::info_span!("standby", task = task.partition).entered();
+    let mut following = Vec::new();
     let Some(db) = app.state_db() else {
-        return;
+        return following;
     };
     let options = &app.config.rocksdb;
     let dir = app.config.task_dir(task.partition);
-    let wait = crate::restorer::task_wait(&stores);
+    let wait = crate::restorer::task_wait(stores);
     let task_db = match crate::restorer::open_task_db(&db, task, &dir, options, cancel, wait) {
         Ok(t) => t,
         Err(e) => {
             if !cancel.is_cancelled() {
                 tracing::warn!(%task, error = %e, "a standby could not open its task");
             }
-            return;
+            return following;
         }
     };
-    std::thread::scope(|scope| {
-        for (name, changelog) in &stores {
-            let location = StoreLocation::InTask {
-                db: task_db.clone(),
-                name: name.clone(),
+    let mut clients: Option<RestoreClients> = None;
+    for (name, changelog) in stores {
+        if cancel.is_cancelled() {
+            break;
+        }
+        let location = StoreLocation::InTask {
+            db: task_db.clone(),
+            name: name.clone(),
+        };
+        let listener: Arc<dyn RestoreListener> = listener.clone();
+        let followed = standbys.group(cluster, changelog).and_then(|group| {
+            clients.take_if(|c| !c.suits(changelog));
+            let clients = match &mut clients {
+                Some(c) => c,
+                none @ None => none.insert(RestoreClients::sharing(
+                    shared_cluster(cluster, changelog)?,
+                    changelog,
+                )?),
             };
-            let listener: Arc<dyn RestoreListener> = listener.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("kstate-standby-{}-{name}", task.partition))
-                .spawn_scoped(scope, move || {
-                    // Its restore's log lines say they are a standby's.
-                    let _span = tracing::info_span!("standby", task = task.partition).entered();
-                    let followed = match shared_cluster(cluster, changelog) {
-                        Ok(cluster) => follow_changelog_sharing(
-                            cluster,
-                            location,
-                            options,
-                            changelog,
-                            Some(listener),
-                            cancel,
-                        ),
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = followed {
-                        if !cancel.is_cancelled() {
-                            tracing::warn!(%task, store = %name, error = %e, "a standby stopped");
-                        }
-                        cancel.cancel();
-                    }
-                });
-            if let Err(e) = spawned {
-                tracing::warn!(%task, store = %name, error = %e, "could not start a standby's thread");
+            group.follow(
+                location,
+                options,
+                changelog,
+                Some(listener),
+                cancel,
+                clients,
+            )
+        });
+        match followed {
+            Ok(f) => following.push(f),
+            Err(e) => {
+                if !cancel.is_cancelled() {
+                    tracing::warn!(%task, store = %name, error = %e, "a standby stopped");
+                }
                 cancel.cancel();
+                break;
             }
         }
-    });
-    drop(task_db);
-    tracing::info!(%task, "standby stopped");
+    }
+    if !cancel.is_cancelled() {
+        tracing::info!(%task, stores = following.len(), "standby following");
+    }
+    following
 }
 
 /// The tasks this process should keep standbys of, if the group is settled and its assignment

@@ -10,7 +10,7 @@
 //! ```text
 //! tasks_per_process --partitions 1000 [--stores 3] \
 //!     [--records-per-partition 10] [--threads 2] [--restore-threads N] [--deadline-s 600] \
-//!     [--bootstrap-servers HOST:PORT] [--log LEVEL] [--floor]
+//!     [--bootstrap-servers HOST:PORT] [--log LEVEL] [--floor | --standby]
 //! tasks-open n=<N> start=fresh running_s=<s> processed_s=<s>
 //! tasks-open n=<N> start=restart running_s=<s>
 //! tasks-resources n=<N> start=<fresh|restart> rss_mb=<MB> threads=<n> fds=<n> rocksdb=<n> \
@@ -18,6 +18,7 @@
 //! tasks-threads n=<N> start=<fresh|restart> <thread name>=<n> ...
 //! tasks-close n=<N> start=<fresh|restart> close_s=<s>
 //! tasks-floor n=<N> topics=<stores> create_s=<s> ends_s=<s>
+//! tasks-standby n=<N> running_s=<s> processed_s=<s> followed_s=<s> standbys=<n> lag=<records>
 //! ```
 //!
 //! With `--floor` it measures only the broker's part of a fresh start, and prints `tasks-floor`:
@@ -25,6 +26,13 @@
 //! end offsets of all their partitions can be listed (what a fresh start's restores wait for
 //! before a task runs). A fresh start on that broker cannot be faster than its `ends_s`. (A run
 //! of its own: the broker deletes the topics' files for a minute after.)
+//!
+//! With `--standby` two copies of the application (static members, `standby_replicas(1)`) run
+//! in this process, each on a state directory of its own: each runs half the tasks and follows
+//! the other half. It prints `tasks-standby`: the time until every task runs on one copy, until
+//! every record is processed, and until every task has a standby on the other copy that has
+//! caught up (lag 0); the standbys and their summed lag then; and the resources of the process,
+//! both copies together (`start=standby`).
 //!
 //! Built into `$CARGO_TARGET_DIR/release/tasks_per_process` by the workspace's build (`cargo
 //! build --release --workspace --all-targets`); `tasks_per_process --help` lists the flags.
@@ -81,6 +89,9 @@ struct Cli {
     /// --partitions partitions created, until every partition's end offset can be listed.
     #[arg(long)]
     floor: bool,
+    /// Run two copies with a standby replica each (see the module doc).
+    #[arg(long, conflicts_with = "floor")]
+    standby: bool,
     /// The brokers; $KAFKA_BOOTSTRAP_SERVERS when not given.
     #[arg(long, value_name = "HOST:PORT")]
     bootstrap_servers: Option<String>,
@@ -153,8 +164,11 @@ fn main() -> Result<()> {
     if cli.floor {
         return runtime.block_on(bench.broker_floor());
     }
+    let rows = per_partition * partitions as u64;
     let result = runtime.block_on(bench.setup(per_partition)).and_then(|()| {
-        let rows = per_partition * partitions as u64;
+        if cli.standby {
+            return bench.standby(rows);
+        }
         bench.start("fresh", Some(rows))?;
         bench.start("restart", None)
     });
@@ -259,12 +273,25 @@ impl Bench {
         Ok(())
     }
 
+    /// The application, on the bench's state directory.
     fn app(&self) -> Result<App> {
+        self.app_on(self.state_dir.path(), None)
+    }
+
+    /// The application on `state_dir`; with `copy`, a static member of that instance id with a
+    /// standby replica.
+    fn app_on(&self, state_dir: &Path, copy: Option<&str>) -> Result<App> {
         let mut builder = App::builder(&self.application_id, self.client.clone());
         builder
             .input(&self.input)
-            .state_dir(self.state_dir.path())
+            .state_dir(state_dir)
             .threads(self.threads);
+        if let Some(copy) = copy {
+            builder
+                .instance_id(copy)
+                .static_membership(true)
+                .standby_replicas(1);
+        }
         if let Some(n) = self.restore_threads {
             builder.restore_threads(n);
         }
@@ -348,15 +375,25 @@ impl Bench {
             line += &format!(" processed_s={:.2}", processed.as_secs_f64());
         }
         println!("{line}");
+        self.resources(n, name, &[self.state_dir.path().to_path_buf()])
+    }
+
+    /// Prints what the process holds: memory, threads, descriptors, RocksDB instances under
+    /// `dirs`, the memory budget's use, and the threads by name.
+    fn resources(&self, n: usize, name: &str, dirs: &[std::path::PathBuf]) -> Result<()> {
         let budget = MemoryBudget::process_default();
         let mb = |bytes: usize| bytes as f64 / f64::from(1 << 20);
+        let mut rocksdb = 0;
+        for dir in dirs {
+            rocksdb += rocksdb_instances(dir)?;
+        }
         println!(
             "tasks-resources n={n} start={name} rss_mb={:.0} threads={} fds={} rocksdb={} \
              memtable_mb={:.0} cache_mb={:.0} pending_mb={:.1} budget_mb={:.0}",
             mb(rss_bytes()?),
             proc_status("Threads")?,
             std::fs::read_dir("/proc/self/fd")?.count(),
-            rocksdb_instances(self.state_dir.path())?,
+            rocksdb,
             mb(budget.memtable_usage()),
             mb(budget.cache_usage()),
             mb(budget.pending().usage()),
@@ -364,6 +401,87 @@ impl Bench {
         );
         println!("tasks-threads n={n} start={name} {}", thread_kinds()?);
         Ok(())
+    }
+
+    /// Two copies with a standby replica each: the times until every task runs, every record
+    /// is processed and every task has a caught-up standby; then the resources of both.
+    fn standby(&self, rows: u64) -> Result<()> {
+        let n = self.partitions as usize;
+        let dirs = [
+            self.state_dir.path().join("a"),
+            self.state_dir.path().join("b"),
+        ];
+        let started = Instant::now();
+        let deadline = started + self.deadline;
+        let mut copies = Vec::new();
+        for (dir, copy) in dirs.iter().zip(["a", "b"]) {
+            copies.push(self.app_on(dir, Some(copy))?.start()?);
+        }
+        let group = self.group_reader()?;
+        let result = (|| -> Result<()> {
+            let until = |done: &dyn Fn(&[Running]) -> bool, what: &str| -> Result<Duration> {
+                loop {
+                    if done(&copies) {
+                        return Ok(started.elapsed());
+                    }
+                    for copy in &copies {
+                        if let AppState::Failed(e) = copy.state() {
+                            bail!("standby run failed: {e}");
+                        }
+                    }
+                    ensure!(
+                        Instant::now() < deadline,
+                        "standby run: not {what} in {:?}",
+                        self.deadline
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            };
+            let running = until(
+                &|copies| {
+                    let tasks: Vec<_> = copies.iter().flat_map(Running::tasks).collect();
+                    tasks.len() == n && tasks.iter().all(|t| t.state == TaskState::Running)
+                },
+                "every task running",
+            )?;
+            let processed = until(
+                &|_| {
+                    self.committed_total(&group)
+                        .is_ok_and(|total| total >= rows)
+                },
+                "every record processed",
+            )?;
+            let followed = until(
+                &|copies| {
+                    let standbys: Vec<_> = copies.iter().flat_map(Running::standbys).collect();
+                    standbys.len() >= n && standbys.iter().all(|s| s.lag == Some(0))
+                },
+                "every task followed and caught up",
+            )?;
+            let standbys: Vec<_> = copies.iter().flat_map(Running::standbys).collect();
+            println!(
+                "tasks-standby n={n} running_s={:.2} processed_s={:.2} followed_s={:.2} \
+                 standbys={} lag={}",
+                running.as_secs_f64(),
+                processed.as_secs_f64(),
+                followed.as_secs_f64(),
+                standbys.len(),
+                standbys.iter().filter_map(|s| s.lag).sum::<i64>(),
+            );
+            self.resources(n, "standby", &dirs)
+        })();
+        let stopping = Instant::now();
+        for copy in &copies {
+            copy.shutdown();
+        }
+        for copy in copies {
+            copy.wait().map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        println!(
+            "tasks-close n={n} start=standby close_s={:.2}",
+            stopping.elapsed().as_secs_f64()
+        );
+        result
     }
 
     /// A client of the application's consumer group that only reads its committed offsets.

@@ -22,6 +22,7 @@ mod adopt;
 mod clients;
 mod consumer;
 mod end;
+mod follow;
 mod location;
 mod replay;
 mod trust;
@@ -42,6 +43,7 @@ use crate::topic::TopicFacts;
 
 pub use adopt::move_task_directory;
 pub use clients::{PREFETCHED_END_TTL, RestoreClients, RestoreCluster};
+pub use follow::{FollowerGroup, Following};
 pub use location::StoreLocation;
 
 /// The restore consumer's fetch settings, measured on 1,000,000-record restores (BENCHMARKS.md).
@@ -223,7 +225,7 @@ impl RestoredStore {
             });
         }
         let location = location.into();
-        let restored = restore(&location, options, &config, hooks, clients, false)?;
+        let restored = restore(&location, options, &config, hooks, clients)?;
         Ok(RestoredStore {
             path: location.path(),
             config,
@@ -261,8 +263,8 @@ pub fn follow_changelog(
 }
 
 /// [`follow_changelog`] with the metadata and admin clients of `cluster`, which many followers
-/// (a process's standbys) and restores share: a follower then costs one replaying consumer,
-/// not three Kafka clients, each with its threads and sockets. `cluster` must
+/// and restores share. Many followers are better served by one [`FollowerGroup`], whose few
+/// consumers follow them all: this one runs a group of its own. `cluster` must
 /// [suit](RestoreCluster::suits) `config`.
 pub fn follow_changelog_sharing(
     cluster: Arc<RestoreCluster>,
@@ -272,16 +274,12 @@ pub fn follow_changelog_sharing(
     listener: Option<Arc<dyn RestoreListener>>,
     stop: &CancelToken,
 ) -> Result<RestoreReport, ChangelogError> {
-    let hooks = OpenHooks {
-        listener,
-        record_check: None,
-        cancel: Some(stop.clone()),
+    let group = FollowerGroup::new(cluster.clone());
+    let following = {
+        let clients = RestoreClients::sharing(cluster, config)?;
+        group.follow(location, options, config, listener, stop, &clients)?
     };
-    let clients = RestoreClients::with_settings(cluster, config, &[FOLLOW_FETCH_WAIT])?;
-    let location = location.into();
-    let restored = restore(&location, options, config, &hooks, &clients, true)?;
-    restored.store.close()?;
-    Ok(restored.report)
+    following.wait()
 }
 
 /// What [`restore`] leaves behind.
@@ -352,7 +350,6 @@ pub(crate) fn restore(
     config: &ChangelogConfig,
     hooks: &OpenHooks,
     clients: &RestoreClients,
-    follow: bool,
 ) -> Result<Restored, ChangelogError> {
     let listener = hooks.listener.as_deref();
     let check = hooks.record_check.as_ref();
@@ -454,7 +451,7 @@ pub(crate) fn restore(
         (Some(p), false) => p.written_at.map(|t| t.min(SystemTime::now())),
         _ => Some(SystemTime::now()),
     };
-    let (records, batches) = if start_offset < high || follow {
+    let (records, batches) = if start_offset < high {
         replay::replay(replay::Replay {
             since,
             path,
@@ -463,18 +460,16 @@ pub(crate) fn restore(
             config,
             start_offset,
             high,
-            // A follower's chunks after the catch-up are small: no SST file per chunk.
-            bulk: bulk && !follow,
+            bulk,
             listener,
             check,
             span: &span,
             cancel: hooks.cancel.as_ref(),
-            follow,
         })?
     } else {
         (0, 0)
     };
-    if (start_offset < high || bulk) && !follow {
+    if start_offset < high || bulk {
         // Every offset below the end is covered now, those no record holds too (transaction
         // markers, records compacted away): the position says so, and the next restore starts
         // at the end instead of reading markers again. A store restored from an empty
@@ -489,7 +484,7 @@ pub(crate) fn restore(
         };
         covered.write_with(&store, std::iter::empty())?;
     }
-    if records > 0 || ((start_offset < high || bulk) && !follow) {
+    if records > 0 || start_offset < high || bulk {
         // The replayed batches sit in memtables (no WAL): a crash soon after the restore would
         // replay them all again. One flush makes the restored position durable, so the next
         // restore of this directory replays only what was written after it.

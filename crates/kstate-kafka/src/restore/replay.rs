@@ -51,10 +51,8 @@ pub(crate) struct Replay<'a> {
     pub(crate) listener: Option<&'a dyn RestoreListener>,
     pub(crate) check: Option<&'a RecordCheck>,
     pub(crate) span: &'a tracing::Span,
-    /// Stops the replay: with an error, or, when following, as its normal end.
+    /// Stops the replay with an error.
     pub(crate) cancel: Option<&'a CancelToken>,
-    /// Keep applying records past `high` until cancelled (a standby).
-    pub(crate) follow: bool,
 }
 
 /// Replays `start_offset..high`; returns the records and batches written.
@@ -72,7 +70,6 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
         check,
         span,
         cancel,
-        follow,
     } = r;
     let (topic, partition) = (config.topic.as_str(), config.partition);
     let kafka = |operation, source| ChangelogError::Kafka {
@@ -161,14 +158,8 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
             let mut last_offset = start_offset - 1;
             let mut last_progress = Instant::now();
             let mut progress_offset = last_offset;
-            // A follower's last stored position and when it was stored with a fresh time.
-            let mut stored_offset = last_offset;
-            let mut refreshed = Instant::now();
             loop {
                 if cancel.is_some_and(CancelToken::is_cancelled) {
-                    if follow {
-                        break;
-                    }
                     return Err(ChangelogError::Cancelled {
                         topic: topic.to_string(),
                         partition,
@@ -204,9 +195,12 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                         }
                         last_offset = offset;
                         last_record = Some(message);
-                        if batch.records.len() >= chunk_records || batch.bytes.len() >= chunk_bytes
-                        {
-                            end_chunk(&mut replay, last_record.as_ref(), &mut batch);
+                        if batch.full(chunk_records, chunk_bytes) {
+                            end_chunk(
+                                &mut replay,
+                                last_record.as_ref().and_then(sent_stream_time),
+                                &mut batch,
+                            );
                             // Send, then take the chunk the writer returned before it took
                             // this one: never more than two chunks.
                             if to_writer
@@ -217,51 +211,16 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                             }
                             batch = spare.try_recv().unwrap_or_default();
                         }
-                        if offset + 1 >= high && !follow {
+                        if offset + 1 >= high {
                             break;
                         }
                     }
-                    polled @ (Some(Err(KafkaError::PartitionEOF(_))) | None) => {
+                    Some(Err(KafkaError::PartitionEOF(_))) | None => {
                         // Markers and compacted-away offsets leave gaps: the position, not the last
                         // record, says whether the end is reached.
                         let position = consumer_position(consumer, topic, partition);
-                        let caught_up = position.is_some_and(|p| p >= high);
-                        if caught_up && !follow {
+                        if position.is_some_and(|p| p >= high) {
                             break;
-                        }
-                        if follow {
-                            // A follower applies what it has whenever the log goes quiet. At
-                            // the partition's end it also stores the offsets the end covers
-                            // (markers after its last record) and a fresh `written_at`: every
-                            // record after that position was appended after this read, so a
-                            // promotion days later resumes instead of taking the position for
-                            // one older than the topic's delete.retention.ms.
-                            let at_end = polled.is_some();
-                            let covered =
-                                position.map_or(last_offset, |p| (p - 1).max(last_offset));
-                            let refresh = at_end
-                                && (covered > stored_offset
-                                    || refreshed.elapsed() >= WRITTEN_AT_REFRESH);
-                            if batch.read > 0 || refresh {
-                                end_chunk(&mut replay, last_record.as_ref(), &mut batch);
-                                let end = if at_end {
-                                    refreshed = Instant::now();
-                                    ChunkEnd {
-                                        offset: covered,
-                                        written_at: SystemTime::now()
-                                            .checked_sub(WRITTEN_AT_MARGIN),
-                                    }
-                                } else {
-                                    ChunkEnd::at(last_offset)
-                                };
-                                stored_offset = end.offset;
-                                if to_writer.send((std::mem::take(&mut batch), end)).is_err() {
-                                    break;
-                                }
-                                batch = spare.try_recv().unwrap_or_default();
-                            }
-                            // Waiting for new records is what a follower does, not a stall.
-                            continue;
                         }
                         let progress = position.unwrap_or(last_offset).max(last_offset);
                         if progress != progress_offset {
@@ -294,7 +253,11 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
                 }
             }
             // The last chunk; a failed send means the writer stopped on an error.
-            end_chunk(&mut replay, last_record.as_ref(), &mut batch);
+            end_chunk(
+                &mut replay,
+                last_record.as_ref().and_then(sent_stream_time),
+                &mut batch,
+            );
             let _ = to_writer.send((batch, ChunkEnd::at(last_offset)));
             Ok(())
         };
@@ -322,7 +285,7 @@ pub(crate) fn replay(r: Replay<'_>) -> Result<(u64, u64), ChangelogError> {
 /// The stream time kstate sent with a record (its [`TIME_HEADER`](crate::TIME_HEADER)); Kafka
 /// Streams' records have none (their timestamp is the record's time, not the store's stream
 /// time: the replay falls back to the record's window start or session end, as Kafka Streams).
-fn sent_stream_time(message: &BorrowedMessage<'_>) -> Option<i64> {
+pub(super) fn sent_stream_time(message: &BorrowedMessage<'_>) -> Option<i64> {
     use rdkafka::message::Headers;
     message.headers().and_then(|headers| {
         headers
@@ -335,38 +298,38 @@ fn sent_stream_time(message: &BorrowedMessage<'_>) -> Option<i64> {
 }
 
 /// Appends the derived local keys of a mapped store to `batch`, which is about to be written;
-/// `last_record` is the last record read into it.
-fn end_chunk(
+/// `sent_time` is the stream time sent with the last record read into it.
+pub(super) fn end_chunk(
     replay: &mut Option<Box<dyn ChangelogReplay>>,
-    last_record: Option<&BorrowedMessage<'_>>,
+    sent_time: Option<i64>,
     batch: &mut Chunk,
 ) {
     if let Some(replay) = replay {
-        replay.end_of_chunk(last_record.and_then(sent_stream_time), batch);
+        replay.end_of_chunk(sent_time, batch);
     }
 }
 
 /// How often a follower at the partition's end stores its position again with a fresh
 /// `written_at`, when nothing else moved it.
-const WRITTEN_AT_REFRESH: Duration = Duration::from_secs(600);
+pub(super) const WRITTEN_AT_REFRESH: Duration = Duration::from_secs(600);
 
 /// How far before the read that found the partition's end a follower dates its position: the
 /// fetch that found the end was served before the poll that reported it, by up to the
 /// follower's fetch wait (`FOLLOW_FETCH_WAIT`, 500 ms) and the time the event queued. Against
 /// a `delete.retention.ms` of hours, two seconds cost nothing.
-const WRITTEN_AT_MARGIN: Duration = Duration::from_secs(2);
+pub(super) const WRITTEN_AT_MARGIN: Duration = Duration::from_secs(2);
 
 /// Where a chunk ends: the offset its position stores, and a `written_at` newer than the
 /// writer's (`None`: the writer's).
 #[derive(Debug, Clone, Copy)]
-struct ChunkEnd {
-    offset: i64,
-    written_at: Option<SystemTime>,
+pub(super) struct ChunkEnd {
+    pub(super) offset: i64,
+    pub(super) written_at: Option<SystemTime>,
 }
 
 impl ChunkEnd {
     /// The end at record `offset`, dated as the writer dates its positions.
-    fn at(offset: i64) -> Self {
+    pub(super) fn at(offset: i64) -> Self {
         ChunkEnd {
             offset,
             written_at: None,
@@ -375,24 +338,24 @@ impl ChunkEnd {
 }
 
 /// Writes restored chunks to RocksDB, each with the offset of its last record, and reports them.
-struct ChunkWriter<'a> {
-    store: &'a RocksDbStore,
-    topic: &'a str,
-    partition: i32,
-    high: i64,
+pub(super) struct ChunkWriter<'a> {
+    pub(super) store: &'a RocksDbStore,
+    pub(super) topic: &'a str,
+    pub(super) partition: i32,
+    pub(super) high: i64,
     /// Ingest sorted SST files (an empty store) instead of write batches in changelog order.
-    bulk: bool,
+    pub(super) bulk: bool,
     /// The `written_at` of the positions it stores.
-    since: Option<SystemTime>,
-    listener: Option<&'a dyn RestoreListener>,
+    pub(super) since: Option<SystemTime>,
+    pub(super) listener: Option<&'a dyn RestoreListener>,
     /// The buffer bulk chunks are sorted into.
-    scratch: Vec<u8>,
-    records: u64,
-    batches: u64,
+    pub(super) scratch: Vec<u8>,
+    pub(super) records: u64,
+    pub(super) batches: u64,
 }
 
 impl ChunkWriter<'_> {
-    fn write(&mut self, chunk: &mut Chunk, end: ChunkEnd) -> Result<(), ChangelogError> {
+    pub(super) fn write(&mut self, chunk: &mut Chunk, end: ChunkEnd) -> Result<(), ChangelogError> {
         if let Some(fresh) = end.written_at {
             // Every later position is at least as fresh: records after it came later still.
             self.since = Some(fresh);
@@ -467,12 +430,12 @@ fn consumer_position(consumer: &RestoreConsumer, topic: &str, partition: i32) ->
 /// it, so a chunk of 250,000 records is two allocations instead of half a million (the allocator
 /// showed up in the profile).
 #[derive(Default)]
-struct Chunk {
+pub(super) struct Chunk {
     bytes: Vec<u8>,
     records: Vec<ChunkRecord>,
     /// Changelog records read into it: as many as `records` for a plain store; a mapped store
     /// writes some records as none (expired) and adds its derived keys at the chunk's end.
-    read: u64,
+    pub(super) read: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -487,7 +450,12 @@ struct ChunkRecord {
 }
 
 impl Chunk {
-    fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+    /// Whether it holds `records` records or `bytes` bytes.
+    pub(super) fn full(&self, records: usize, bytes: usize) -> bool {
+        self.records.len() >= records || self.bytes.len() >= bytes
+    }
+
+    pub(super) fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(key);
         if let Some(value) = value {
