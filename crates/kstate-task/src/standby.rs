@@ -435,7 +435,7 @@ fn start(
             db: task_db.clone(),
             name: name.clone(),
         };
-        let listener: Arc<dyn RestoreListener> = listener.clone();
+        let reports: Arc<dyn RestoreListener> = listener.clone();
         let followed = standbys.group(cluster, changelog).and_then(|group| {
             clients.take_if(|c| !c.suits(changelog));
             let clients = match &mut clients {
@@ -445,17 +445,18 @@ fn start(
                     changelog,
                 )?),
             };
-            group.follow(
-                location,
-                options,
-                changelog,
-                Some(listener),
-                cancel,
-                clients,
-            )
+            group.follow(location, options, changelog, Some(reports), cancel, clients)
         });
         match followed {
-            Ok(f) => following.push(f),
+            Ok(f) => {
+                // A store already at the end replayed no batch: its position is where the
+                // restore left it.
+                let mut positions = lock(&listener.positions);
+                let at = positions.entry(changelog.topic().to_string()).or_insert(-1);
+                *at = (*at).max(f.restored_to());
+                drop(positions);
+                following.push(f);
+            }
             Err(e) => {
                 if !cancel.is_cancelled() {
                     tracing::warn!(%task, store = %name, error = %e, "a standby stopped");

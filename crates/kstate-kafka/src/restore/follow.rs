@@ -162,12 +162,13 @@ impl FollowerGroup {
             Some(keys) => Some(keys.replay(&store)?),
             None => None,
         };
+        let from = position.as_ref().map_or(-1, |p| p.offset);
         let following = Following {
             restored: restored.report,
+            from,
             started,
             ending: Arc::default(),
         };
-        let from = position.as_ref().map_or(-1, |p| p.offset);
         let followed = Box::new(Followed {
             store,
             config: config.clone(),
@@ -259,6 +260,8 @@ type Ending = Arc<(Mutex<Option<Result<(u64, u64), ChangelogError>>>, Condvar)>;
 #[derive(Debug)]
 pub struct Following {
     restored: RestoreReport,
+    /// The stored position the follow started after.
+    from: i64,
     started: Instant,
     ending: Ending,
 }
@@ -267,6 +270,12 @@ impl Following {
     /// What the restore before the follow did.
     pub fn restored(&self) -> &RestoreReport {
         &self.restored
+    }
+
+    /// The offset the restore left the store at, which the follow started after (-1: none).
+    /// A restore with nothing to replay reports no batch; this is where the store is then.
+    pub fn restored_to(&self) -> i64 {
+        self.from
     }
 
     /// Whether the follow ended (its store closed, its partition unassigned).
