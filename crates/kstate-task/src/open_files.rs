@@ -22,7 +22,11 @@ pub(crate) const FILES_PER_ROCKSDB: u64 = 4;
 pub(crate) const SST_FILES_PER_FAMILY: u64 = 2;
 
 /// Descriptors the rest of the process holds: librdkafka's sockets (one per broker per
-/// client) and pipes, the workers' and the restorers' clients, the application's own files.
+/// client) and pipes, the workers', the restorers' and the standbys' clients, the application's
+/// own files. Standby stores are tasks of the same RocksDB (counted above), and the standbys'
+/// clients are a few follower lanes, one per store of a task, and two starters, however many
+/// tasks are followed: 1,000 active and 1,000 standby tasks of 3 stores held 236 descriptors
+/// (`tasks_per_process --standby`, BENCHMARKS.md).
 pub(crate) const FILES_BESIDES_STORES: u64 = 256;
 
 /// What the process would hold with `partitions` tasks of `stores` stores each in its RocksDB,

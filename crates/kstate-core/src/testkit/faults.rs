@@ -95,7 +95,7 @@ fn sessions() -> SessionOptions {
 }
 
 /// Every key the kit writes.
-const KEYS: [&[u8]; 3] = [b"a", b"b\x00", b"c"];
+pub(super) const KEYS: [&[u8]; 3] = [b"a", b"b\x00", b"c"];
 
 impl<S: KeyValueStore> TimedView<S> for WindowStore<S> {
     fn keys() -> Arc<dyn ChangelogKeys> {
@@ -208,7 +208,7 @@ fn time() -> impl Strategy<Value = i64> {
     ]
 }
 
-fn op() -> impl Strategy<Value = FaultOp> {
+pub(super) fn op() -> impl Strategy<Value = FaultOp> {
     prop_oneof![
         8 => (0..KEYS.len(), time(), 0i64..15, any::<u8>())
             .prop_map(|(k, t, len, v)| FaultOp::Put(k, t, len, v)),
@@ -402,10 +402,12 @@ fn known_sequences() -> Vec<(&'static str, Vec<FaultOp>)> {
     ]
 }
 
-/// Runs [`known_sequences`] on window and session stores over `harness`'s stores. Panics
+/// Runs [`known_sequences`] on window, session and TTL stores over `harness`'s stores. Panics
 /// naming the sequence and the step where the engine disagrees with the model.
 pub fn check_known_sequences<H: Faults>(harness: &mut H) {
-    for (what, ops) in known_sequences() {
+    let sequences = known_sequences();
+    super::ttl_faults::check_known_sequences(harness, &sequences);
+    for (what, ops) in sequences {
         if let Err(e) = run_ops::<H, WindowStore<H::Store>>(harness, &ops) {
             panic!("a window store, {what} ({ops:?}): {e}");
         }
@@ -415,8 +417,8 @@ pub fn check_known_sequences<H: Faults>(harness: &mut H) {
     }
 }
 
-/// Generates the fault model tests (window and session stores under random commits, aborts
-/// and crashes) for the engine whose [`Faults`] harness the expression builds.
+/// Generates the fault model tests (window, session and TTL stores under random commits,
+/// aborts and crashes) for the engine whose [`Faults`] harness the expression builds.
 #[macro_export]
 macro_rules! fault_tests {
     ($harness:expr, cases = $cases:expr) => {
@@ -434,6 +436,12 @@ macro_rules! fault_tests {
             fn session_stores_under_aborts_and_crashes_match_a_model() {
                 let mut harness = $harness;
                 $crate::testkit::faults::check_sessions(&mut harness, $cases);
+            }
+
+            #[test]
+            fn ttl_stores_under_aborts_and_crashes_match_a_model() {
+                let mut harness = $harness;
+                $crate::testkit::ttl_faults::check_ttl(&mut harness, $cases);
             }
 
             #[test]

@@ -17,6 +17,7 @@ pub mod model;
 pub mod scenarios;
 pub mod session;
 pub mod ttl;
+pub mod ttl_faults;
 pub mod window;
 
 use std::sync::Arc;
