@@ -214,9 +214,8 @@ impl FollowerGroup {
         };
         lane.commands.send(followed).map_err(|lost| {
             // The lane's thread is gone (it panicked): nothing follows this store.
-            let followed = lost.0;
             ChangelogError::Store(kstate_core::Error::backend(
-                followed.config.topic.clone(),
+                lost.0.config.topic.clone(),
                 "hand a store to a follower lane",
                 std::io::Error::other("the lane's thread ended"),
             ))
@@ -321,6 +320,24 @@ struct Followed {
     records: u64,
     batches: u64,
     ending: Ending,
+}
+
+impl Drop for Followed {
+    /// A follow dropped without [`finish`](Followed::finish) (its lane's thread panicked, or
+    /// ended before it took the store) still ends: whoever waits for it hears why.
+    fn drop(&mut self) {
+        let (ending, ended) = &*self.ending;
+        let mut ending = lock(ending);
+        if ending.is_none() {
+            *ending = Some(Err(ChangelogError::Store(kstate_core::Error::backend(
+                self.config.topic.clone(),
+                "follow",
+                std::io::Error::other("the follower lane's thread ended"),
+            ))));
+            self.stop.cancel();
+        }
+        ended.notify_all();
+    }
 }
 
 impl Followed {
@@ -431,6 +448,7 @@ impl Followed {
         let (ending, ended) = &*self.ending;
         *lock(ending) = Some(written.map(|()| (self.records, self.batches)));
         ended.notify_all();
+        // Dropped here: its store closes, the task's lease goes with it.
     }
 }
 
@@ -605,5 +623,59 @@ fn sweep(
         {
             end(f, Some(e));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_follow_dropped_unfinished_ends_with_an_error_and_stops_its_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksDbStore::open(dir.path(), &RocksDbOptions::default()).unwrap();
+        let stop = CancelToken::new();
+        let following = Following {
+            restored: RestoreReport {
+                start: crate::restore::RestoreStart {
+                    topic: "t".into(),
+                    partition: 0,
+                    start_offset: 0,
+                    end_offset: 0,
+                    rebuild_reason: None,
+                },
+                records: 0,
+                batches: 0,
+                elapsed: Duration::ZERO,
+            },
+            from: -1,
+            started: Instant::now(),
+            ending: Arc::default(),
+        };
+        let followed = Followed {
+            store,
+            config: ChangelogConfig::new("localhost:9092", "t", 0),
+            replay: None,
+            chunk: Chunk::default(),
+            last_time: None,
+            last_offset: -1,
+            stored_offset: -1,
+            since: None,
+            refreshed: Instant::now(),
+            end_seen: None,
+            listener: None,
+            stop: stop.clone(),
+            records: 0,
+            batches: 0,
+            ending: following.ending.clone(),
+        };
+        // As when a lane's thread panics with the store in its map.
+        drop(followed);
+        assert!(following.is_done(), "a dropped follow must end");
+        assert!(stop.is_cancelled(), "its task's other stores must stop too");
+        assert!(
+            following.wait().is_err(),
+            "the waiter must hear that it failed"
+        );
     }
 }
