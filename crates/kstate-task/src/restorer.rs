@@ -171,18 +171,26 @@ pub(crate) fn open_task_db(
 /// thread that needs them.
 pub(crate) type SharedCluster = Arc<Mutex<Option<Arc<RestoreCluster>>>>;
 
-/// A restorer thread's Kafka clients: its own replaying consumer, with the clients every thread
-/// shares.
-struct ThreadClients {
+/// A restorer thread's (or a standby starter's) Kafka clients: its own replaying consumer,
+/// with the clients every thread shares.
+pub(crate) struct ThreadClients {
     own: Option<RestoreClients>,
     shared: SharedCluster,
 }
 
 impl ThreadClients {
+    /// None of its own yet, sharing `shared`'s.
+    pub(crate) fn new(shared: SharedCluster) -> Self {
+        ThreadClients { own: None, shared }
+    }
+
     /// The clients for `config`: those kept, if they suit it, else a new replaying consumer
     /// with the shared clients (new ones too, if those do not suit it).
     #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
-    fn for_config(&mut self, config: &ChangelogConfig) -> Result<&RestoreClients, ChangelogError> {
+    pub(crate) fn for_config(
+        &mut self,
+        config: &ChangelogConfig,
+    ) -> Result<&RestoreClients, ChangelogError> {
         self.own.take_if(|c| !c.suits(config));
         Ok(match &mut self.own {
             Some(c) => c,
@@ -325,7 +333,7 @@ pub(crate) fn run(
     options: RocksDbOptions,
     listener: Option<Arc<dyn RestoreListener>>,
 ) {
-    let mut clients = ThreadClients { own: None, shared };
+    let mut clients = ThreadClients::new(shared);
     loop {
         // The lock is held only while waiting for a job, never while restoring.
         let next = lock(&jobs).recv();

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use kstate_core::sync::lock;
 use kstate_kafka::{
     BatchRestored, CancelToken, ChangelogConfig, ConnectionWatch, FollowerGroup, Following,
-    RestoreClients, RestoreListener, StoreLocation,
+    RestoreListener, StoreLocation,
 };
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::groups::GroupList;
@@ -41,7 +41,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::ids::TaskId;
 use crate::placement::{RangePlacement, process_of};
-use crate::restorer::{SharedCluster, shared_cluster};
+use crate::restorer::{SharedCluster, ThreadClients, shared_cluster};
 use crate::shared::AppShared;
 use crate::status::TaskState;
 
@@ -426,7 +426,7 @@ fn start(
             return following;
         }
     };
-    let mut clients: Option<RestoreClients> = None;
+    let mut clients = ThreadClients::new(cluster.clone());
     for (name, changelog) in stores {
         if cancel.is_cancelled() {
             break;
@@ -437,14 +437,7 @@ fn start(
         };
         let reports: Arc<dyn RestoreListener> = listener.clone();
         let followed = standbys.group(cluster, changelog).and_then(|group| {
-            clients.take_if(|c| !c.suits(changelog));
-            let clients = match &mut clients {
-                Some(c) => c,
-                none @ None => none.insert(RestoreClients::sharing(
-                    shared_cluster(cluster, changelog)?,
-                    changelog,
-                )?),
-            };
+            let clients = clients.for_config(changelog)?;
             group.follow(location, options, changelog, Some(reports), cancel, clients)
         });
         match followed {
