@@ -333,30 +333,11 @@ impl Bench {
         running: &Running,
     ) -> Result<()> {
         let n = self.partitions as usize;
-        let deadline = started + self.deadline;
-        let until = |done: &dyn Fn(&Running) -> bool, what: &str| -> Result<Duration> {
-            loop {
-                if done(running) {
-                    return Ok(started.elapsed());
-                }
-                if let AppState::Failed(e) = running.state() {
-                    bail!("{name} start failed: {e}");
-                }
-                ensure!(
-                    Instant::now() < deadline,
-                    "{name} start: not {what} in {:?}",
-                    self.deadline
-                );
-                std::thread::sleep(Duration::from_millis(5));
-            }
+        let copies = std::slice::from_ref(running);
+        let until = |done: &dyn Fn(&[Running]) -> bool, what: &str| {
+            self.until(&format!("{name} start"), started, copies, done, what)
         };
-        let all_running = until(
-            &|r| {
-                let tasks = r.tasks();
-                tasks.len() == n && tasks.iter().all(|t| t.state == TaskState::Running)
-            },
-            "every task running",
-        )?;
+        let all_running = until(&|c| every_task_running(c, n), "every task running")?;
         let mut line = format!(
             "tasks-open n={n} start={name} running_s={:.2}",
             all_running.as_secs_f64()
@@ -366,10 +347,7 @@ impl Bench {
             // between the workers in a rebalance counts only what it processed where it runs now.
             let group = self.group_reader()?;
             let processed = until(
-                &|_| {
-                    self.committed_total(&group)
-                        .is_ok_and(|total| total >= rows)
-                },
+                &|_| self.all_committed(&group, rows),
                 "every record processed",
             )?;
             line += &format!(" processed_s={:.2}", processed.as_secs_f64());
@@ -412,43 +390,18 @@ impl Bench {
             self.state_dir.path().join("b"),
         ];
         let started = Instant::now();
-        let deadline = started + self.deadline;
         let mut copies = Vec::new();
         for (dir, copy) in dirs.iter().zip(["a", "b"]) {
             copies.push(self.app_on(dir, Some(copy))?.start()?);
         }
         let group = self.group_reader()?;
         let result = (|| -> Result<()> {
-            let until = |done: &dyn Fn(&[Running]) -> bool, what: &str| -> Result<Duration> {
-                loop {
-                    if done(&copies) {
-                        return Ok(started.elapsed());
-                    }
-                    for copy in &copies {
-                        if let AppState::Failed(e) = copy.state() {
-                            bail!("standby run failed: {e}");
-                        }
-                    }
-                    ensure!(
-                        Instant::now() < deadline,
-                        "standby run: not {what} in {:?}",
-                        self.deadline
-                    );
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+            let until = |done: &dyn Fn(&[Running]) -> bool, what: &str| {
+                self.until("standby run", started, &copies, done, what)
             };
-            let running = until(
-                &|copies| {
-                    let tasks: Vec<_> = copies.iter().flat_map(Running::tasks).collect();
-                    tasks.len() == n && tasks.iter().all(|t| t.state == TaskState::Running)
-                },
-                "every task running",
-            )?;
+            let running = until(&|c| every_task_running(c, n), "every task running")?;
             let processed = until(
-                &|_| {
-                    self.committed_total(&group)
-                        .is_ok_and(|total| total >= rows)
-                },
+                &|_| self.all_committed(&group, rows),
                 "every record processed",
             )?;
             let followed = until(
@@ -484,6 +437,40 @@ impl Bench {
         result
     }
 
+    /// Waits until `done` holds for `copies`, at most the deadline from `started`; returns the
+    /// time since `started`. A copy that failed, or the deadline, ends the `run` with an error.
+    fn until(
+        &self,
+        run: &str,
+        started: Instant,
+        copies: &[Running],
+        done: &dyn Fn(&[Running]) -> bool,
+        what: &str,
+    ) -> Result<Duration> {
+        let deadline = started + self.deadline;
+        loop {
+            if done(copies) {
+                return Ok(started.elapsed());
+            }
+            for copy in copies {
+                if let AppState::Failed(e) = copy.state() {
+                    bail!("{run} failed: {e}");
+                }
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{run}: not {what} in {:?}",
+                self.deadline
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Whether the group committed `rows` input records.
+    fn all_committed(&self, group: &BaseConsumer, rows: u64) -> bool {
+        self.committed_total(group).is_ok_and(|total| total >= rows)
+    }
+
     /// A client of the application's consumer group that only reads its committed offsets.
     fn group_reader(&self) -> Result<BaseConsumer> {
         let mut config = self.client.client_config();
@@ -510,6 +497,12 @@ impl Bench {
             })
             .sum())
     }
+}
+
+/// Whether `copies` run `n` tasks between them, every one running.
+fn every_task_running(copies: &[Running], n: usize) -> bool {
+    let tasks: Vec<_> = copies.iter().flat_map(Running::tasks).collect();
+    tasks.len() == n && tasks.iter().all(|t| t.state == TaskState::Running)
 }
 
 /// A field of `/proc/self/status`, its first number.

@@ -220,57 +220,47 @@ pub(super) fn op() -> impl Strategy<Value = FaultOp> {
     ]
 }
 
-/// The entries and the stream time.
+/// A store's entries and stream time.
 #[derive(Debug, Clone, Default, PartialEq)]
-struct State {
-    entries: BTreeMap<Span, Vec<u8>>,
-    stream_time: Option<i64>,
+pub(super) struct Snapshot<E> {
+    pub(super) entries: E,
+    pub(super) stream_time: Option<i64>,
 }
 
+/// What a store of time holds now and at its last commit, and what commits, aborts and crashes
+/// make of it; the window and session model and the TTL model differ only in their entries.
 #[derive(Debug, Default)]
-struct Model {
-    now: State,
-    committed: State,
+pub(super) struct Timeline<E> {
+    pub(super) now: Snapshot<E>,
+    committed: Snapshot<E>,
     /// The latest stream time a changelog record carried since the last commit.
     logged_time: Option<i64>,
-    retention: i64,
 }
 
-impl Model {
-    fn min_live(&self) -> i64 {
-        self.now
-            .stream_time
-            .map_or(i64::MIN, |t| t - self.retention + 1)
-    }
-
-    /// `false`: refused as expired.
-    fn put(&mut self, span: Span, value: Vec<u8>) -> bool {
-        let time = span.2;
-        if time < self.min_live() {
-            return false;
-        }
-        self.now.entries.insert(span, value);
+impl<E: Clone> Timeline<E> {
+    /// A write at `time` was logged: stream time moves to it, and its record carries the
+    /// stream time.
+    pub(super) fn logged_write(&mut self, time: i64) {
         let carried = self.now.stream_time.map_or(time, |t| t.max(time));
         self.now.stream_time = Some(carried);
         self.logged_time = Some(self.logged_time.map_or(carried, |t| t.max(carried)));
-        true
     }
 
-    fn observe(&mut self, time: i64) {
+    pub(super) fn observe(&mut self, time: i64) {
         self.now.stream_time = Some(self.now.stream_time.map_or(time, |t| t.max(time)));
     }
 
-    fn commit(&mut self) {
+    pub(super) fn commit(&mut self) {
         self.committed = self.now.clone();
         self.logged_time = None;
     }
 
-    fn abort(&mut self) {
+    pub(super) fn abort(&mut self) {
         self.now = self.committed.clone();
         self.logged_time = None;
     }
 
-    fn crash(&mut self, keeps: Uncommitted) {
+    pub(super) fn crash(&mut self, keeps: Uncommitted) {
         match keeps {
             Uncommitted::Kept => {
                 self.now.stream_time = match (self.committed.stream_time, self.logged_time) {
@@ -282,10 +272,38 @@ impl Model {
             Uncommitted::Lost | Uncommitted::Unknown => self.abort(),
         }
     }
+}
+
+/// Window and session entries by key and span, kept `retention` behind stream time.
+#[derive(Debug, Default)]
+struct Model {
+    t: Timeline<BTreeMap<Span, Vec<u8>>>,
+    retention: i64,
+}
+
+impl Model {
+    fn min_live(&self) -> i64 {
+        self.t
+            .now
+            .stream_time
+            .map_or(i64::MIN, |t| t - self.retention + 1)
+    }
+
+    /// `false`: refused as expired.
+    fn put(&mut self, span: Span, value: Vec<u8>) -> bool {
+        let time = span.2;
+        if time < self.min_live() {
+            return false;
+        }
+        self.t.now.entries.insert(span, value);
+        self.t.logged_write(time);
+        true
+    }
 
     fn live(&self) -> BTreeMap<Span, Vec<u8>> {
         let min = self.min_live();
-        self.now
+        self.t
+            .now
             .entries
             .iter()
             .filter(|((_, _, time), _)| *time >= min)
@@ -316,15 +334,15 @@ fn run_ops<H: Faults, V: TimedView<H::Store>>(
             }
             FaultOp::Observe(t) => {
                 v.observe(*t);
-                model.observe(*t);
+                model.t.observe(*t);
             }
             FaultOp::Commit => {
                 harness.commit(v.inner_store());
-                model.commit();
+                model.t.commit();
             }
             FaultOp::Abort => {
                 if harness.abort(v.inner_store()) {
-                    model.abort();
+                    model.t.abort();
                     // As the task runtime does: what the view holds in memory (its stream
                     // time) may be ahead of the committed state; read it again.
                     let store = view.take().unwrap().into_inner();
@@ -334,11 +352,11 @@ fn run_ops<H: Faults, V: TimedView<H::Store>>(
             FaultOp::Crash => {
                 if keeps == Uncommitted::Unknown {
                     harness.commit(v.inner_store());
-                    model.commit();
+                    model.t.commit();
                 }
                 let store = view.take().unwrap().into_inner();
                 view = Some(V::open(harness.crash(store)));
-                model.crash(keeps);
+                model.t.crash(keeps);
             }
             FaultOp::Read => {
                 prop_assert_eq!(v.contents(), model.live(), "step {} contents", step);
@@ -347,7 +365,7 @@ fn run_ops<H: Faults, V: TimedView<H::Store>>(
         let v = view.as_ref().unwrap();
         prop_assert_eq!(
             v.stream_time(),
-            model.now.stream_time,
+            model.t.now.stream_time,
             "step {} stream time",
             step
         );

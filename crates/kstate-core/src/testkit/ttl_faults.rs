@@ -21,7 +21,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-use super::faults::{FaultOp, Faults, KEYS, Uncommitted, op};
+use super::faults::{FaultOp, Faults, KEYS, Timeline, Uncommitted, op};
 use crate::range::Order;
 use crate::store::KeyValueStore;
 use crate::ttl::{TtlChangelog, TtlOptions, TtlStore};
@@ -34,60 +34,27 @@ fn options() -> TtlOptions {
     TtlOptions::new(Duration::from_millis(TTL_MS))
 }
 
-#[derive(Debug, Clone, Default, PartialEq)]
-struct State {
-    entries: BTreeMap<Vec<u8>, (Vec<u8>, i64)>,
-    stream_time: Option<i64>,
-}
+/// Key → (value, expiry).
+type Entries = BTreeMap<Vec<u8>, (Vec<u8>, i64)>;
 
 #[derive(Debug, Default)]
 struct Model {
-    now: State,
-    committed: State,
-    /// The latest stream time a changelog record carried since the last commit.
-    logged_time: Option<i64>,
+    t: Timeline<Entries>,
 }
 
 impl Model {
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>, time: i64, ttl: i64) {
-        self.now
+        self.t
+            .now
             .entries
             .insert(key, (value, time.saturating_add(ttl)));
-        let carried = self.now.stream_time.map_or(time, |t| t.max(time));
-        self.now.stream_time = Some(carried);
-        self.logged_time = Some(self.logged_time.map_or(carried, |t| t.max(carried)));
-    }
-
-    fn observe(&mut self, time: i64) {
-        self.now.stream_time = Some(self.now.stream_time.map_or(time, |t| t.max(time)));
-    }
-
-    fn commit(&mut self) {
-        self.committed = self.now.clone();
-        self.logged_time = None;
-    }
-
-    fn abort(&mut self) {
-        self.now = self.committed.clone();
-        self.logged_time = None;
-    }
-
-    fn crash(&mut self, keeps: Uncommitted) {
-        match keeps {
-            Uncommitted::Kept => {
-                self.now.stream_time = match (self.committed.stream_time, self.logged_time) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    (a, b) => a.or(b),
-                };
-                self.commit();
-            }
-            Uncommitted::Lost | Uncommitted::Unknown => self.abort(),
-        }
+        self.t.logged_write(time);
     }
 
     fn live(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
-        let now = self.now.stream_time.unwrap_or(i64::MIN);
-        self.now
+        let now = self.t.now.stream_time.unwrap_or(i64::MIN);
+        self.t
+            .now
             .entries
             .iter()
             .filter(|(_, (_, expires))| *expires > now)
@@ -121,17 +88,17 @@ fn run_ops<H: Faults>(harness: &mut H, ops: &[FaultOp]) -> Result<(), TestCaseEr
             }
             FaultOp::Observe(t) => {
                 s.observe(*t).unwrap();
-                model.observe(*t);
+                model.t.observe(*t);
             }
             FaultOp::Commit => {
                 // As the task runtime does: sweep, then commit.
                 s.sweep(usize::MAX).unwrap();
                 harness.commit(s.inner());
-                model.commit();
+                model.t.commit();
             }
             FaultOp::Abort => {
                 if harness.abort(s.inner()) {
-                    model.abort();
+                    model.t.abort();
                     // What the store holds in memory (its stream time) may be ahead of the
                     // committed state; open it again, as the task runtime does.
                     let store = ttl.take().unwrap().into_inner();
@@ -141,11 +108,11 @@ fn run_ops<H: Faults>(harness: &mut H, ops: &[FaultOp]) -> Result<(), TestCaseEr
             FaultOp::Crash => {
                 if keeps == Uncommitted::Unknown {
                     harness.commit(s.inner());
-                    model.commit();
+                    model.t.commit();
                 }
                 let store = ttl.take().unwrap().into_inner();
                 ttl = Some(open(harness.crash(store)));
-                model.crash(keeps);
+                model.t.crash(keeps);
             }
             FaultOp::Read => {
                 prop_assert_eq!(contents(s), model.live(), "step {} contents", step);
@@ -154,7 +121,7 @@ fn run_ops<H: Faults>(harness: &mut H, ops: &[FaultOp]) -> Result<(), TestCaseEr
         let s = ttl.as_ref().unwrap();
         prop_assert_eq!(
             s.stream_time(),
-            model.now.stream_time,
+            model.t.now.stream_time,
             "step {} stream time",
             step
         );
