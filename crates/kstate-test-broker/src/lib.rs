@@ -17,7 +17,14 @@
 //! Tests of secured clusters use [`secure_broker`]: `scripts/kafka start --secure`, a broker of
 //! its own with TLS and SASL_SSL listeners (it needs the JDK in every case).
 //!
+//! Tests of broker faults use [`cluster`]: `scripts/kafka start --nodes 3`, three nodes whose
+//! processes a test can kill, stop, restart and pause (see [`Cluster`]).
+//!
 //! Every test uses its own topics: [`unique_topic`] names them.
+
+mod cluster;
+
+pub use cluster::{CLUSTER_NODES, Cluster, ClusterLease, cluster};
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -92,6 +99,15 @@ pub enum BrokerError {
         docker: String,
         /// Why the local launcher did not give one.
         launcher: String,
+    },
+
+    /// `scripts/kafka` or a metadata request failed for the shared cluster.
+    #[error("the test cluster ({command}): {message}")]
+    Cluster {
+        /// What was asked: the launcher's arguments, or the metadata looked up.
+        command: String,
+        /// What went wrong.
+        message: String,
     },
 
     /// `scripts/kafka` failed for a private broker.
