@@ -61,12 +61,13 @@ pub(crate) fn capture_end(
         last_error: uncommitted.context().last_error(),
     };
     let started = Instant::now();
-    // A partition whose leader is still being elected (a topic created a moment ago, a broker
-    // restarting) answers "not leader" at once; a client that already knows the cluster asks
-    // again instead of failing the restore.
+    // A cluster in motion (a leader being elected or moved, a broker that died or restarts)
+    // answers with an error at once; a client that already knows the cluster asks again,
+    // within the open timeout, instead of failing the restore. Each query waits at most what
+    // is left of the open timeout.
     // A query cannot be interrupted: with a cancel token, each waits at most
-    // [`CANCEL_SLICE`] and is asked again while the open timeout lasts, so that a follower or
-    // restore revoked while the broker does not answer lets go within a slice.
+    // [`CANCEL_SLICE`], so that a follower or restore revoked while the broker does not answer
+    // lets go within a slice.
     type Query<'a> = &'a dyn Fn(Duration) -> rdkafka::error::KafkaResult<(i64, i64)>;
     let cancelled = || {
         cancel
@@ -80,21 +81,17 @@ pub(crate) fn capture_end(
         if let Some(e) = cancelled() {
             return Err(e);
         }
+        let left = config.open_timeout.saturating_sub(started.elapsed());
         let timeout = match cancel {
-            Some(_) => CANCEL_SLICE,
-            None => config.open_timeout,
+            Some(_) => left.min(CANCEL_SLICE),
+            None => left,
         };
-        let in_time = || started.elapsed() < config.open_timeout;
-        match query(timeout) {
-            Err(KafkaError::MetadataFetch(
-                RDKafkaErrorCode::NotLeaderForPartition
-                | RDKafkaErrorCode::LeaderNotAvailable
-                | RDKafkaErrorCode::UnknownTopicOrPartition,
-            )) if in_time() => {
-                std::thread::sleep(Duration::from_millis(20));
+        match query(timeout.max(Duration::from_millis(1))) {
+            Err(KafkaError::MetadataFetch(code))
+                if cluster_in_motion(code) && started.elapsed() < config.open_timeout =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
             }
-            Err(KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut))
-                if cancel.is_some() && in_time() => {}
             result => return result.map_err(unreachable),
         }
     };
@@ -132,6 +129,30 @@ pub(crate) fn capture_end(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Whether a watermark query's error may pass by itself once the cluster has settled: a
+/// partition without a leader (being elected, or its leader dead and not yet fenced), a new
+/// leader whose high watermark has not caught up yet, a connection to a broker that went away,
+/// a query that ran out of its time slice.
+fn cluster_in_motion(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::NotLeaderForPartition
+            | RDKafkaErrorCode::LeaderNotAvailable
+            | RDKafkaErrorCode::UnknownTopicOrPartition
+            | RDKafkaErrorCode::UnknownPartition
+            | RDKafkaErrorCode::OffsetNotAvailable
+            | RDKafkaErrorCode::FencedLeaderEpoch
+            | RDKafkaErrorCode::UnknownLeaderEpoch
+            | RDKafkaErrorCode::ReplicaNotAvailable
+            | RDKafkaErrorCode::DestroyBroker
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::NetworkException
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::OperationTimedOut
+    )
 }
 
 /// The ends of many changelog partitions asked for at once ([`RestoreClients::prefetch_ends`]):
