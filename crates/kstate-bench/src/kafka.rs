@@ -42,7 +42,7 @@ pub fn create_client<T: FromClientConfig>(
         .map_err(BenchError::kafka(what))
 }
 
-/// Creates `topic` with `partitions` partitions (replication factor 1) and `settings`, and
+/// Creates `topic` with `partitions` partitions (the broker's default replication) and `settings`, and
 /// returns once the broker serves every partition (see [`wait_for_leaders`], which blocks).
 pub async fn create_topic(
     client: impl Into<ClientProperties>,
@@ -52,7 +52,11 @@ pub async fn create_topic(
 ) -> Result<(), BenchError> {
     let admin: AdminClient<DefaultClientContext> =
         create_client(&client.into(), &[], "admin client")?;
-    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let mut new = NewTopic::new(
+        topic,
+        partitions,
+        TopicReplication::Fixed(kstate_kafka::BROKER_DEFAULT_REPLICATION),
+    );
     for (k, v) in settings {
         new = new.set(k, v);
     }

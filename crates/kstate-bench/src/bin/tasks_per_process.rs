@@ -225,8 +225,12 @@ impl Bench {
         let new: Vec<NewTopic<'_>> = topics
             .iter()
             .map(|t| {
-                NewTopic::new(t, self.partitions, TopicReplication::Fixed(1))
-                    .set("cleanup.policy", "compact")
+                NewTopic::new(
+                    t,
+                    self.partitions,
+                    TopicReplication::Fixed(kstate_kafka::BROKER_DEFAULT_REPLICATION),
+                )
+                .set("cleanup.policy", "compact")
             })
             .collect();
         let started = Instant::now();
