@@ -35,6 +35,14 @@
 //! overdue. None of the paused processor's ticks may become visible after the takeover, and the
 //! second copy goes on and never fails.
 //!
+//! On the three-node cluster (`*_on_a_cluster_*`: replication 3, `min.insync.replicas=2`), the
+//! same chaos with three inputs and two stores, and with the repartition topology, while nodes
+//! fail too: the leader of a changelog or an input partition or the transaction or group
+//! coordinator is killed and comes back, every node restarts in turn, a node stalls past the
+//! request timeout. No copy may fail on a broker's loss, and every count is exact. CI inflicts
+//! one changelog leader kill and one rolling restart per test; `KSTATE_BROKER_FAULTS`
+//! (`scripts/topology-kills --broker-faults`) draws that many faults of every kind.
+//!
 //! CI runs at least 6 kills and 15 s of chaos per exactly-once test; `KSTATE_TOPOLOGY_KILLS`
 //! and `KSTATE_TOPOLOGY_SECONDS` run longer (`scripts/topology-kills`), `KSTATE_TOPOLOGY_SEED`
 //! repeats a run's kills.
@@ -56,7 +64,7 @@ use kstate::kstate_task::{
     App, AppBuilder, AppState, Context, GroupProtocol, ProcessingGuarantee, Processor, Record,
     Running, StoreHandle, StoreOptions, TaskState, TimeKind, Timer, partition_for,
 };
-use kstate_test_broker::unique_topic;
+use kstate_test_broker::{Cluster, unique_topic};
 use rand::{Rng, SeedableRng};
 
 /// Partitions of every topic: not a multiple of the three members, so that an assignor that
@@ -752,6 +760,98 @@ struct Chaos {
     protocol: &'static str,
     /// `None`: the shared broker.
     servers: Option<String>,
+    /// On the cluster: what is done to its nodes during the kills, one after another.
+    broker_faults: Option<BrokerFaults>,
+}
+
+/// The cluster a chaos run is on, and the faults it inflicts on its nodes.
+struct BrokerFaults {
+    cluster: &'static Cluster,
+    faults: Vec<BrokerFault>,
+}
+
+/// A broker fault of a chaos run on the cluster. Each ends with every node back and in sync, so
+/// that the next one is one node down at a time (min.insync.replicas=2 of 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BrokerFault {
+    /// SIGKILL the leader of a random partition of the `counts` changelog; restart it a few
+    /// seconds later.
+    ChangelogLeader,
+    /// The same for a random partition of a random input (the repartition topic included).
+    InputLeader,
+    /// The same for the transaction coordinator of a random copy's producer.
+    TransactionCoordinator,
+    /// The same for the application's group coordinator.
+    GroupCoordinator,
+    /// Every node in turn stopped gracefully and started again, each back in sync before the
+    /// next.
+    RollingRestart,
+    /// A random node paused (SIGSTOP) past the clients' request timeout (30 s), then resumed.
+    Pause,
+}
+
+const ALL_BROKER_FAULTS: [BrokerFault; 6] = [
+    BrokerFault::ChangelogLeader,
+    BrokerFault::InputLeader,
+    BrokerFault::TransactionCoordinator,
+    BrokerFault::GroupCoordinator,
+    BrokerFault::RollingRestart,
+    BrokerFault::Pause,
+];
+
+/// How long a node inflicted a fault on takes to be back in every ISR before the next fault.
+const BACK_IN_SYNC: Duration = Duration::from_secs(180);
+
+impl BrokerFault {
+    /// Inflicts the fault on the cluster of application `app_id` running `topology`, and waits
+    /// until every node is back in sync. Returns what it did.
+    fn inflict(
+        self,
+        cluster: &Cluster,
+        app_id: &str,
+        topology: &Topology,
+        rng: &mut impl Rng,
+    ) -> anyhow::Result<String> {
+        let victim = match self {
+            BrokerFault::ChangelogLeader => {
+                let changelog = format!("{app_id}-counts-changelog");
+                cluster.leader(&changelog, rng.random_range(0..PARTITIONS))?
+            }
+            BrokerFault::InputLeader => {
+                let inputs = topology.inputs();
+                let input = &inputs[rng.random_range(0..inputs.len())];
+                cluster.leader(input, rng.random_range(0..PARTITIONS))?
+            }
+            BrokerFault::TransactionCoordinator => {
+                let copy = rng.random_range(0..3);
+                cluster.transaction_coordinator(&format!("{app_id}-copy-{copy}-0"))?
+            }
+            BrokerFault::GroupCoordinator => cluster.group_coordinator(app_id)?,
+            BrokerFault::RollingRestart => {
+                for node in cluster.nodes() {
+                    cluster.restart(node)?;
+                    cluster.wait_until_in_sync(BACK_IN_SYNC)?;
+                }
+                return Ok("rolling restart of every node".into());
+            }
+            BrokerFault::Pause => {
+                let node = rng.random_range(cluster.nodes());
+                cluster.pause(node)?;
+                std::thread::sleep(Duration::from_secs(35));
+                cluster.resume(node)?;
+                cluster.wait_until_in_sync(BACK_IN_SYNC)?;
+                return Ok(format!("node {node} paused for 35 s"));
+            }
+        };
+        cluster.kill(victim)?;
+        let down = Duration::from_millis(rng.random_range(2_000..8_000));
+        std::thread::sleep(down);
+        cluster.restart(victim)?;
+        cluster.wait_until_in_sync(BACK_IN_SYNC)?;
+        Ok(format!(
+            "{self:?}: node {victim} killed, back after {down:.1?}"
+        ))
+    }
 }
 
 /// How long the copy stopped with SIGTERM stays away, and how long the others then run with it
@@ -773,15 +873,21 @@ async fn chaos(chaos: Chaos) -> anyhow::Result<()> {
          to repeat)"
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let servers = match chaos.servers {
-        Some(servers) => servers,
-        None => kstate_test_broker::bootstrap_servers()?,
+    let servers = match (&chaos.servers, &chaos.broker_faults) {
+        (Some(servers), _) => servers.clone(),
+        (None, Some(faults)) => faults.cluster.bootstrap_servers().to_string(),
+        (None, None) => kstate_test_broker::bootstrap_servers()?,
     };
     let topology = chaos.topology;
     create_topics(&servers, &topology).await?;
+    let app_id = unique_topic(name);
+    let (cluster, mut faults) = match chaos.broker_faults {
+        Some(BrokerFaults { cluster, faults }) => (Some(cluster), faults),
+        None => (None, Vec::new()),
+    };
     let mut env = vec![
         ("SERVERS", servers.clone()),
-        ("APP_ID", unique_topic(name)),
+        ("APP_ID", app_id.clone()),
         ("THREADS", chaos.threads.to_string()),
         ("COMMIT_MS", COMMIT_INTERVAL.as_millis().to_string()),
         ("GUARANTEE", ProcessingGuarantee::ExactlyOnce.to_string()),
@@ -818,9 +924,22 @@ async fn chaos(chaos: Chaos) -> anyhow::Result<()> {
     let started = Instant::now();
     let producer = Writer::start(&servers, &topology, 0);
     let mut kills = 0;
+    let mut inflicted = Vec::new();
     let killing = (|| -> anyhow::Result<()> {
-        while started.elapsed() < Duration::from_secs(seconds) || kills < min_kills {
+        while started.elapsed() < Duration::from_secs(seconds)
+            || kills < min_kills
+            || !faults.is_empty()
+        {
             std::thread::sleep(Duration::from_millis(rng.random_range(1_000..3_000)));
+            // After a copy kill or two, so that every topic exists and the copies work.
+            if kills >= 2
+                && let (Some(cluster), Some(fault)) = (cluster, faults.pop())
+            {
+                let what = fault.inflict(cluster, &app_id, &topology, &mut rng)?;
+                eprintln!("{name}: {what} ({:.0?})", started.elapsed());
+                inflicted.push(what);
+                copies.check_alive()?;
+            }
             let slot = rng.random_range(0..3);
             copies.kill(slot)?;
             kills += 1;
@@ -832,8 +951,9 @@ async fn chaos(chaos: Chaos) -> anyhow::Result<()> {
     let (mut truth, written) = producer.stop()?;
     killing?;
     eprintln!(
-        "{name}: {} input records, {kills} kills in {:.0?}",
+        "{name}: {} input records, {kills} kills and {} broker faults in {:.0?}",
         truth.records(),
+        inflicted.len(),
         started.elapsed()
     );
     wait_for_counts(&mut copies, &truth, "after the kills")?;
@@ -883,6 +1003,7 @@ async fn exactly_once_two_inputs_through_random_kills_counts_every_record_once()
         threads: 1,
         protocol: "default",
         servers: None,
+        broker_faults: None,
     })
     .await
 }
@@ -897,6 +1018,7 @@ async fn exactly_once_three_inputs_two_stores_two_threads_through_random_kills_c
         threads: 2,
         protocol: "default",
         servers: None,
+        broker_faults: None,
     })
     .await
 }
@@ -911,8 +1033,60 @@ async fn exactly_once_repartition_through_random_kills_counts_every_record_once(
         threads: 1,
         protocol: "default",
         servers: None,
+        broker_faults: None,
     })
     .await
+}
+
+/// The broker faults of a run on the cluster: `KSTATE_BROKER_FAULTS` random ones of every kind
+/// (`scripts/topology-kills --cluster`), or CI's short run: one changelog leader killed, then a
+/// rolling restart.
+fn broker_faults(seed: u64) -> Vec<BrokerFault> {
+    match env_number("KSTATE_BROKER_FAULTS") {
+        Some(n) => {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            (0..n)
+                .map(|_| ALL_BROKER_FAULTS[rng.random_range(0..ALL_BROKER_FAULTS.len())])
+                .collect()
+        }
+        // Popped from the end.
+        None => vec![BrokerFault::RollingRestart, BrokerFault::ChangelogLeader],
+    }
+}
+
+/// On the three-node cluster (replication 3, min.insync.replicas=2): besides the copies' kills,
+/// nodes die (the leader of a changelog or an input partition, a transaction or group
+/// coordinator), restart one by one, or stall; no copy may fail, and every count is exact.
+async fn chaos_on_a_cluster(name: &'static str, topology: Topology) -> anyhow::Result<()> {
+    let cluster = kstate_test_broker::cluster()?;
+    let _only_user = cluster.exclusive()?;
+    let seed = env_number("KSTATE_TOPOLOGY_SEED").unwrap_or_else(|| rand::rng().random());
+    chaos(Chaos {
+        name,
+        topology,
+        threads: 1,
+        protocol: "default",
+        servers: None,
+        broker_faults: Some(BrokerFaults {
+            cluster,
+            faults: broker_faults(seed),
+        }),
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_three_inputs_two_stores_on_a_cluster_through_broker_faults_counts_every_record_once()
+-> anyhow::Result<()> {
+    let name = "topo-eos-cluster-3";
+    chaos_on_a_cluster(name, merge(name, 3, true)).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_repartition_on_a_cluster_through_broker_faults_counts_every_record_once()
+-> anyhow::Result<()> {
+    let name = "topo-eos-cluster-rep";
+    chaos_on_a_cluster(name, repartition(name)).await
 }
 
 /// KIP-848 on a broker of its own: its default consumer-group session timeout (45 s) would make
@@ -933,6 +1107,7 @@ async fn exactly_once_two_inputs_kip_848_protocol_through_random_kills_counts_ev
         threads: 1,
         protocol: "consumer",
         servers: Some(broker.bootstrap_servers().to_string()),
+        broker_faults: None,
     })
     .await
 }

@@ -135,6 +135,18 @@ pub enum PoisonReason {
         /// Where it landed.
         actual_offset: i64,
     },
+    /// This store's write landed past where its contents end, after a point where only
+    /// markers of the durable source may lie (a transaction's commit marker written twice), and
+    /// the offsets in between could not be read to make sure: they may hold another writer's
+    /// records, so the store is restored as after a [`ForeignWrite`](Self::ForeignWrite).
+    UncheckedGap {
+        /// Where the store's next record was expected.
+        expected_offset: i64,
+        /// Where it landed.
+        actual_offset: i64,
+        /// Why the offsets in between could not be read.
+        message: String,
+    },
     /// Acknowledgements arrived out of the order the writes were sent in.
     OutOfOrder {
         /// What arrived, and after what.
@@ -180,6 +192,16 @@ impl fmt::Display for PoisonReason {
                  {expected_offset} was expected: another writer appended to the changelog \
                  partition (a second store on it, or a zombie producer); reopen to restore its \
                  records, and make sure one store writes each partition"
+            ),
+            PoisonReason::UncheckedGap {
+                expected_offset,
+                actual_offset,
+                message,
+            } => write!(
+                f,
+                "this store's record landed at offset {actual_offset}, past a commit marker \
+                 expected to end at {expected_offset}, and the offsets in between could not be \
+                 read to make sure they hold only markers ({message}); reopen to restore"
             ),
             PoisonReason::OutOfOrder { message } => {
                 write!(f, "acknowledgements out of order: {message}")

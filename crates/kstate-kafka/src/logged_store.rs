@@ -885,6 +885,14 @@ impl TransactionMember for Shared {
                 .tracker
                 .all_acknowledged(sent)
                 .map_err(|reason| self.poisoned(reason))?;
+            // Records past a repeated commit marker: nothing but markers may lie between, or
+            // the position would skip another writer's records.
+            for gap in self.producer.tracker.take_marker_gaps() {
+                if let Err(reason) = crate::marker_gap::check_marker_gap(&self.config, gap) {
+                    self.producer.tracker.poison(reason.clone());
+                    return Err(self.poisoned(reason));
+                }
+            }
             self.producer.tracker.transaction_committed();
             offset
         };

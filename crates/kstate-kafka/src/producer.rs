@@ -54,6 +54,23 @@ struct Acks {
     aborted: Option<(u64, u64)>,
     /// Under a transaction: an abort is under way; every report is of an aborted record.
     aborting: bool,
+    /// Under a transaction: a transaction committed and no record landed since, so the next
+    /// one may land past `next_offset` if the coordinator wrote its marker more than once.
+    after_marker: bool,
+    /// Offsets `from..to` that the first record after a marker skipped: markers only, unless
+    /// another writer's records are there; the commit checks before it applies
+    /// ([`take_marker_gaps`](AckTracker::take_marker_gaps)).
+    marker_gaps: Vec<MarkerGap>,
+}
+
+/// Offsets between a store's commit marker and its next record, `from..to`, which must hold
+/// nothing but more markers (see [`crate::marker_gap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MarkerGap {
+    /// Where the store's next record was expected.
+    pub(crate) from: i64,
+    /// Where it landed.
+    pub(crate) to: i64,
 }
 
 /// Shared between the producer's delivery callback and the store.
@@ -239,12 +256,21 @@ impl AckTracker {
     }
 
     /// A transaction this store wrote records to committed: its partition holds a commit
-    /// marker after them, so the next record lands one offset later.
+    /// marker after them, so the next record lands one offset later, or further on if the
+    /// transaction coordinator wrote the marker again (it retries a marker write whose leader
+    /// moved): such a gap is recorded, to be checked for records before the next commit applies.
     pub(crate) fn transaction_committed(&self) {
         let mut acks = self.lock();
         if let Some(next) = &mut acks.next_offset {
             *next += 1;
+            acks.after_marker = true;
         }
+    }
+
+    /// The gaps recorded since the last call: the commit that is about to apply the records
+    /// after them must make sure they hold markers only.
+    pub(crate) fn take_marker_gaps(&self) -> Vec<MarkerGap> {
+        std::mem::take(&mut self.lock().marker_gaps)
     }
 
     /// An abort is starting: the purged records' failures must not poison.
@@ -267,6 +293,8 @@ impl AckTracker {
         acks.watch = None;
         acks.watched_offset = None;
         acks.next_offset = None;
+        acks.after_marker = false;
+        acks.marker_gaps.clear();
         if acks
             .poisoned
             .as_ref()
@@ -303,13 +331,21 @@ impl AckTracker {
         if let Some(expected) = acks.next_offset
             && offset != expected
         {
-            let reason = PoisonReason::ForeignWrite {
-                expected_offset: expected,
-                actual_offset: offset,
-            };
-            self.set_poisoned(&mut acks, reason);
-            return;
+            if acks.after_marker && offset > expected {
+                acks.marker_gaps.push(MarkerGap {
+                    from: expected,
+                    to: offset,
+                });
+            } else {
+                let reason = PoisonReason::ForeignWrite {
+                    expected_offset: expected,
+                    actual_offset: offset,
+                };
+                self.set_poisoned(&mut acks, reason);
+                return;
+            }
         }
+        acks.after_marker = false;
         acks.next_offset = Some(offset + 1);
         acks.acked_seq = seq;
         acks.last_offset = Some(offset);
@@ -888,6 +924,44 @@ pub const TIME_HEADER: &str = "kstate.time";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_after_a_commit_may_land_past_a_repeated_marker_and_the_gap_is_kept_for_the_commit()
+    {
+        let tracker = AckTracker::new("changelog", 0);
+        tracker.expect_offsets_from(10);
+        tracker.delivered(1, 10);
+        tracker.transaction_committed(); // marker at 11
+        tracker.delivered(2, 13); // a second marker at 12
+        assert!(tracker.poisoned().is_none());
+        assert_eq!(
+            tracker.take_marker_gaps(),
+            vec![MarkerGap { from: 12, to: 13 }]
+        );
+        assert!(tracker.take_marker_gaps().is_empty());
+        // Within a transaction, records follow each other: a gap there is another writer.
+        tracker.delivered(3, 15);
+        assert!(matches!(
+            tracker.poisoned(),
+            Some(PoisonReason::ForeignWrite {
+                expected_offset: 14,
+                actual_offset: 15
+            })
+        ));
+    }
+
+    #[test]
+    fn a_record_that_lands_before_its_expected_offset_after_a_commit_is_another_writers() {
+        let tracker = AckTracker::new("changelog", 0);
+        tracker.expect_offsets_from(10);
+        tracker.delivered(1, 10);
+        tracker.transaction_committed();
+        tracker.delivered(2, 11); // where the marker must be
+        assert!(matches!(
+            tracker.poisoned(),
+            Some(PoisonReason::ForeignWrite { .. })
+        ));
+    }
 
     #[test]
     fn sequence_numbers_keep_counting_past_the_bits_the_opaque_carries() {

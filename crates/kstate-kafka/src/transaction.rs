@@ -59,6 +59,7 @@ use rdkafka::producer::Producer;
 
 use crate::config::{ChangelogConfig, ProducerConfig};
 use crate::error::{ChangelogError, TransactionError};
+use crate::offsets_call::{GroupOffsets, OffsetsCall};
 use crate::producer::SharedProducer;
 use crate::transaction_member::{Transaction, TransactionMember};
 
@@ -201,9 +202,10 @@ impl SharedProducer {
     /// [`TransactionError::Aborted`] returned: rewind the input to its committed offsets.
     pub fn commit_transaction(
         &self,
-        offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
+        offsets: Option<(TopicPartitionList, ConsumerGroupMetadata)>,
         timeout: Duration,
     ) -> Result<(), TransactionError> {
+        let offsets = offsets.map(Arc::new);
         let transaction = self.transaction_state()?;
         let started = Instant::now();
         let deadline = started + timeout;
@@ -245,15 +247,34 @@ impl SharedProducer {
         &self,
         members: &[Arc<dyn TransactionMember>],
         transaction: &Transaction,
-        offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
+        offsets: Option<GroupOffsets>,
         deadline: Instant,
     ) -> Result<(), Failure> {
         // The offsets first: their two round trips to the group coordinator overlap the last
         // acknowledgements, which arrive meanwhile on the producer's own thread.
-        if let Some((offsets, group)) = offsets {
-            self.retry(transaction, "send offsets", deadline, |left| {
-                self.inner.send_offsets_to_transaction(offsets, group, left)
-            })?;
+        if let Some(offsets) = offsets {
+            self.retry(
+                transaction,
+                "send offsets",
+                deadline,
+                |left| match transaction.offsets.call(&self.inner, &offsets, left) {
+                    OffsetsCall::Returned(result) => Ok(result),
+                    OffsetsCall::Stuck(waited) => Err(Failure::Done(TransactionError::Fatal {
+                        transactional_id: transaction.id.clone(),
+                        operation: "send offsets",
+                        message: format!(
+                            "librdkafka's send_offsets_to_transaction did not return within \
+                             {waited:?} (its group coordinator lookup can hang for good when \
+                             the coordinator's broker left the cluster: \
+                             confluentinc/librdkafka#5456, #5511); a new producer takes over"
+                        ),
+                        fenced: false,
+                    })),
+                    OffsetsCall::NoThread(e) => Err(Failure::Abort(format!(
+                        "send offsets: cannot start its thread: {e}"
+                    ))),
+                },
+            )?;
         }
         for member in members {
             if let Err(reason) = member.settle(deadline) {
@@ -274,7 +295,7 @@ impl SharedProducer {
         }
         self.settle_outputs(deadline).map_err(Failure::Abort)?;
         self.retry(transaction, "commit", deadline, |left| {
-            self.inner.commit_transaction(left)
+            Ok(self.inner.commit_transaction(left))
         })?;
         let mut applied = Ok(());
         for member in members {
@@ -314,16 +335,17 @@ impl SharedProducer {
     }
 
     /// Calls `call` with the time left until it succeeds, fails for good or the deadline passes.
+    /// `call` returns librdkafka's answer, or a failure of its own that ends the commit.
     fn retry(
         &self,
         transaction: &Transaction,
         operation: &'static str,
         deadline: Instant,
-        mut call: impl FnMut(Duration) -> Result<(), KafkaError>,
+        mut call: impl FnMut(Duration) -> Result<Result<(), KafkaError>, Failure>,
     ) -> Result<(), Failure> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let error = match call(left) {
+            let error = match call(left)? {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
@@ -363,7 +385,7 @@ impl SharedProducer {
         }
         let held: Vec<_> = members.iter().map(|m| m.hold_sends()).collect();
         let aborted = self.retry(transaction, "abort", deadline, |left| {
-            self.inner.abort_transaction(left)
+            Ok(self.inner.abort_transaction(left))
         });
         if let Err(failure) = aborted {
             // An abort that cannot complete leaves the producer unusable.

@@ -18,6 +18,8 @@ pub(crate) struct Transaction {
     commit_requested: AtomicBool,
     /// A record (changelog or output) was sent since the transaction began.
     holds_records: AtomicBool,
+    /// Where a commit's input offsets are added to the transaction.
+    pub(crate) offsets: crate::offsets_call::OffsetsCaller,
 }
 
 impl Transaction {
@@ -27,6 +29,7 @@ impl Transaction {
             timeout,
             commit_requested: AtomicBool::new(false),
             holds_records: AtomicBool::new(false),
+            offsets: crate::offsets_call::OffsetsCaller::default(),
         }
     }
 

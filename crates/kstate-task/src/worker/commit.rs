@@ -213,8 +213,8 @@ impl CommitPath for Transactional {
             }
         }
         let group = input.group_metadata();
-        let with_offsets = match &group {
-            Some(group) if offsets.count() > 0 => Some((&offsets, group)),
+        let with_offsets = match group {
+            Some(group) if offsets.count() > 0 => Some((offsets.clone(), group)),
             _ => None,
         };
         match self.producer.commit_transaction(with_offsets, self.timeout) {

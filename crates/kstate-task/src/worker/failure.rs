@@ -74,7 +74,9 @@ fn store_failure(error: &kstate_core::Error) -> Failure {
                 Failure::Transient
             } else if matches!(
                 reason,
-                PoisonReason::ForeignWrite { .. } | PoisonReason::OutOfOrder { .. }
+                PoisonReason::ForeignWrite { .. }
+                    | PoisonReason::UncheckedGap { .. }
+                    | PoisonReason::OutOfOrder { .. }
             ) {
                 Failure::Corrupted {
                     store: Some(store.clone()),
