@@ -82,6 +82,29 @@ pub fn read_topic(servers: &str, topic: &str, partitions: i32) -> anyhow::Result
     read_topic_with(&ClientProperties::new(servers), topic, partitions)
 }
 
+/// `topic`/`partition`'s watermarks, asked again while the broker answers that the partition
+/// has no leader right now (a busy or restarting broker, a leader moving on a cluster), for up
+/// to 30 s.
+fn watermarks(consumer: &BaseConsumer, topic: &str, partition: i32) -> anyhow::Result<(i64, i64)> {
+    use anyhow::Context as _;
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match consumer.fetch_watermarks(topic, partition, Duration::from_secs(20)) {
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::UnknownPartition
+                | RDKafkaErrorCode::OffsetNotAvailable,
+            )) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            result => {
+                return result.with_context(|| format!("the watermarks of {topic}/{partition}"));
+            }
+        }
+    }
+}
+
 /// [`read_topic`] with `client`'s properties (a secured cluster).
 pub fn read_topic_with(
     client: &ClientProperties,
@@ -98,7 +121,7 @@ pub fn read_topic_with(
     let mut ends = BTreeMap::new();
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(20))?;
+        let (low, high) = watermarks(&consumer, topic, p)?;
         if high > low {
             ends.insert(p, high);
             tpl.add_partition_offset(topic, p, Offset::Offset(low))?;

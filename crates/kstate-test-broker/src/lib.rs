@@ -20,6 +20,10 @@
 //! Tests of broker faults use [`cluster`]: `scripts/kafka start --nodes 3`, three nodes whose
 //! processes a test can kill, stop, restart and pause (see [`Cluster`]).
 //!
+//! `KSTATE_KAFKA_VERSION` ([`VERSION_ENV`]) runs all of them on another Kafka release (a 4.x or
+//! 3.9.x one): `scripts/kafka` keeps each version's brokers in state directories of their own,
+//! and the container gets that image tag (and a name of its own).
+//!
 //! Every test uses its own topics: [`unique_topic`] names them.
 
 mod cluster;
@@ -38,6 +42,18 @@ use testcontainers::{Container, GenericImage, ImageExt, ReuseDirective};
 
 /// The Apache Kafka version of `docker-compose.yml` and `scripts/kafka`.
 pub const KAFKA_VERSION: &str = "4.1.1";
+
+/// The environment variable naming another Kafka version to test against (as for
+/// `scripts/kafka`: a 4.x or 3.9.x release).
+pub const VERSION_ENV: &str = "KSTATE_KAFKA_VERSION";
+
+/// The Kafka version the tests run against: [`VERSION_ENV`], or [`KAFKA_VERSION`].
+pub fn kafka_version() -> String {
+    std::env::var(VERSION_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| KAFKA_VERSION.to_string())
+}
 
 /// The environment variable naming an existing broker.
 pub const BOOTSTRAP_ENV: &str = "KAFKA_BOOTSTRAP_SERVERS";
@@ -184,10 +200,15 @@ fn docker_broker() -> Result<Broker, String> {
         return Err("no engine (DOCKER_HOST unset, no /var/run/docker.sock)".into());
     }
     let listeners = format!("PLAINTEXT://127.0.0.1:{DOCKER_HOST_PORT}");
-    let container = GenericImage::new("apache/kafka", KAFKA_VERSION)
+    let version = kafka_version();
+    let container = GenericImage::new("apache/kafka", version.as_str())
         .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"))
         .with_mapped_port(DOCKER_HOST_PORT, ContainerPort::Tcp(9092))
-        .with_container_name(DOCKER_CONTAINER)
+        .with_container_name(if version == KAFKA_VERSION {
+            DOCKER_CONTAINER.to_string()
+        } else {
+            format!("{DOCKER_CONTAINER}-{version}")
+        })
         .with_reuse(ReuseDirective::Always)
         .with_startup_timeout(Duration::from_secs(180))
         // The settings of docker-compose.yml; the listener advertises the host port.
@@ -220,7 +241,7 @@ fn docker_broker() -> Result<Broker, String> {
         .with_env_var("KAFKA_LOG_CLEANER_DEDUPE_BUFFER_SIZE", "33554432")
         .with_env_var("KAFKA_HEAP_OPTS", "-Xmx512m -Xms512m")
         .start()
-        .map_err(|e| format!("testcontainers could not start apache/kafka:{KAFKA_VERSION}: {e}"))?;
+        .map_err(|e| format!("testcontainers could not start apache/kafka:{version}: {e}"))?;
     Ok(Broker {
         bootstrap_servers: format!("127.0.0.1:{DOCKER_HOST_PORT}"),
         source: BrokerSource::Docker,
