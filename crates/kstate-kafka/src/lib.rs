@@ -48,6 +48,7 @@ mod config;
 mod connection;
 mod durability;
 mod error;
+mod in_motion;
 mod key_prefix;
 mod logged_store;
 mod marker_gap;
@@ -69,6 +70,7 @@ pub use config::{
 pub use connection::{ConnectionWatch, MetadataError, SecurityFailure, fetch_metadata};
 pub use durability::{DEFAULT_GROUP_INTERVAL, Durability, ParseDurabilityError};
 pub use error::{ChangelogError, ClientPropertiesError, MemberRemovalError, TransactionError};
+pub use in_motion::{error_in_motion, is_in_motion, retry_in_motion};
 pub use logged_store::LoggedStore;
 pub use member_removal::{MemberRemoved, MemberToRemove, remove_group_members};
 pub use position::{ChangelogPosition, FORMAT_VERSION};

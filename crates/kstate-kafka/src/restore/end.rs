@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::ChangelogConfig;
@@ -88,7 +87,7 @@ pub(crate) fn capture_end(
         };
         match query(timeout.max(Duration::from_millis(1))) {
             Err(KafkaError::MetadataFetch(code))
-                if cluster_in_motion(code) && started.elapsed() < config.open_timeout =>
+                if crate::is_in_motion(code) && started.elapsed() < config.open_timeout =>
             {
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -129,30 +128,6 @@ pub(crate) fn capture_end(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// Whether a watermark query's error may pass by itself once the cluster has settled: a
-/// partition without a leader (being elected, or its leader dead and not yet fenced), a new
-/// leader whose high watermark has not caught up yet, a connection to a broker that went away,
-/// a query that ran out of its time slice.
-fn cluster_in_motion(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::NotLeaderForPartition
-            | RDKafkaErrorCode::LeaderNotAvailable
-            | RDKafkaErrorCode::UnknownTopicOrPartition
-            | RDKafkaErrorCode::UnknownPartition
-            | RDKafkaErrorCode::OffsetNotAvailable
-            | RDKafkaErrorCode::FencedLeaderEpoch
-            | RDKafkaErrorCode::UnknownLeaderEpoch
-            | RDKafkaErrorCode::ReplicaNotAvailable
-            | RDKafkaErrorCode::DestroyBroker
-            | RDKafkaErrorCode::BrokerTransportFailure
-            | RDKafkaErrorCode::AllBrokersDown
-            | RDKafkaErrorCode::NetworkException
-            | RDKafkaErrorCode::RequestTimedOut
-            | RDKafkaErrorCode::OperationTimedOut
-    )
 }
 
 /// The ends of many changelog partitions asked for at once ([`RestoreClients::prefetch_ends`]):

@@ -116,9 +116,12 @@ impl<C: ConsumerContext> Input for rdkafka::consumer::BaseConsumer<C> {
         if partitions.is_empty() {
             return Ok(BTreeMap::new());
         }
-        let committed = self
-            .committed_offsets(list(partitions), timeout)
-            .map_err(|e| input_error("fetch the committed offsets", partitions, e))?;
+        // A group coordinator that moves (its broker restarting) answers with errors that
+        // pass: asked again within the timeout.
+        let committed = kstate_kafka::retry_in_motion(timeout, |left| {
+            self.committed_offsets(list(partitions), left)
+        })
+        .map_err(|e| input_error("fetch the committed offsets", partitions, e))?;
         let mut offsets = BTreeMap::new();
         for element in committed.elements() {
             if let Offset::Offset(offset) = element.offset() {
@@ -152,9 +155,20 @@ impl<C: ConsumerContext> Input for rdkafka::consumer::BaseConsumer<C> {
                 .add_partition_offset(&p.topic, p.partition, at)
                 .map_err(|e| input_error("ask where the inputs start", partitions, e))?;
         }
-        let found = self
-            .offsets_for_times(query, timeout)
-            .map_err(|e| input_error("ask where the inputs start", partitions, e))?;
+        // A partition without a leader for a moment (a broker restarting) is asked again
+        // within the timeout, whether the whole request or one partition's answer says so.
+        let found = kstate_kafka::retry_in_motion(timeout, |left| {
+            let found = self.offsets_for_times(query.clone(), left)?;
+            for element in found.elements() {
+                if let Err(e) = element.error()
+                    && kstate_kafka::error_in_motion(&e)
+                {
+                    return Err(e);
+                }
+            }
+            Ok(found)
+        })
+        .map_err(|e| input_error("ask where the inputs start", partitions, e))?;
         let mut starts = BTreeMap::new();
         for element in found.elements() {
             let partition = InputPartition::new(element.topic(), element.partition());
