@@ -24,7 +24,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::metadata::Metadata;
 use rdkafka::producer::{BaseProducer, Producer};
 
-use crate::{BrokerError, keep_lease_fresh, launcher_script, unique_topic};
+use crate::{BrokerError, keep_lease_fresh, launcher_script, run_launcher, unique_topic};
 
 /// How many nodes [`cluster`] has.
 pub const CLUSTER_NODES: i32 = 3;
@@ -310,24 +310,13 @@ impl Cluster {
             command: args.join(" "),
             message,
         };
-        let output = Command::new(&self.script)
-            .args(args)
-            .env_remove("KSTATE_KAFKA_STATE_DIR")
-            .env_remove("KSTATE_KAFKA_BROKER_PROPERTIES")
-            .output()
-            .map_err(|e| failed(format!("cannot run {}: {e}", self.script.display())))?;
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
-            return Err(failed(format!(
-                "{} exited with {}:\n{}",
-                self.script.display(),
-                output.status,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            )));
-        }
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        Ok(stdout.lines().last().unwrap_or_default().trim().to_string())
+        run_launcher(
+            Command::new(&self.script)
+                .args(args)
+                .env_remove("KSTATE_KAFKA_STATE_DIR")
+                .env_remove("KSTATE_KAFKA_BROKER_PROPERTIES"),
+        )
+        .map_err(failed)
     }
 }
 

@@ -283,21 +283,9 @@ pub fn launcher_script() -> PathBuf {
 
 fn launcher_broker() -> Result<Broker, String> {
     let script = launcher_script();
-    let output = Command::new(&script)
-        .arg("start")
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let address = stdout.lines().last().unwrap_or_default().trim().to_string();
-    if !output.status.success() || address.is_empty() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
-        return Err(format!(
-            "{} start failed ({}):\n{}",
-            script.display(),
-            output.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        ));
+    let address = run_launcher(Command::new(&script).arg("start"))?;
+    if address.is_empty() {
+        return Err(format!("{} start printed no address", script.display()));
     }
     keep_lease_fresh(script, &["touch"]);
     Ok(Broker {
@@ -305,6 +293,30 @@ fn launcher_broker() -> Result<Broker, String> {
         source: BrokerSource::LocalLauncher,
         _container: None,
     })
+}
+
+/// Runs `command` (the launcher with its arguments) and returns the last line it printed on
+/// stdout; when it cannot run or fails, says why with the last 15 lines of its stderr.
+fn run_launcher(command: &mut Command) -> Result<String, String> {
+    let what = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let output = command
+        .output()
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+        return Err(format!(
+            "{what} failed ({}):\n{}",
+            output.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    Ok(stdout.lines().last().unwrap_or_default().trim().to_string())
 }
 
 /// The shared secured broker: `scripts/kafka start --secure` (its own state directory, beside
@@ -352,20 +364,14 @@ fn start_secure_broker() -> Result<SecureBroker, BrokerError> {
         state_dir: "the default secure state directory".to_string(),
         message,
     };
-    let output = Command::new(&script)
-        .args(["start", "--secure"])
-        .output()
-        .map_err(|e| failed(format!("cannot run {}: {e}", script.display())))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-    if !output.status.success() || !path.is_file() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+    let path = PathBuf::from(
+        run_launcher(Command::new(&script).args(["start", "--secure"])).map_err(failed)?,
+    );
+    if !path.is_file() {
         return Err(failed(format!(
-            "{} start --secure failed ({}):\n{}",
+            "{} start --secure printed no client properties file (got {})",
             script.display(),
-            output.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            path.display()
         )));
     }
     keep_lease_fresh(script, &["touch", "--secure"]);
