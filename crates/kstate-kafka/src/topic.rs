@@ -287,11 +287,21 @@ fn verify_topic(
             config.partition, config.replication_factor
         )));
     }
-    let options = AdminOptions::new().request_timeout(Some(config.open_timeout));
-    let described =
-        block_on(admin.describe_configs(&[ResourceSpecifier::Topic(&config.topic)], &options))
-            .map_err(|source| kafka(config, "describe changelog topic", source))?;
-    let resource = described.into_iter().next().and_then(Result::ok);
+    // Asked again while the cluster is in motion (the broker asked died a moment ago), each
+    // time for a few seconds at most so that a later ask can go to another broker: a topic's
+    // settings unread would read as not compacted.
+    let resource = crate::retry_in_motion(config.open_timeout, |left| {
+        let options = AdminOptions::new().request_timeout(Some(left.min(DESCRIBE_ATTEMPT)));
+        let topic = ResourceSpecifier::Topic(&config.topic);
+        match block_on(admin.describe_configs(&[topic], &options))?
+            .into_iter()
+            .next()
+        {
+            Some(Err(code)) if crate::is_in_motion(code) => Err(KafkaError::AdminOp(code)),
+            described => Ok(described.and_then(Result::ok)),
+        }
+    })
+    .map_err(|source| kafka(config, "describe changelog topic", source))?;
     let setting = |name: &str| {
         resource
             .as_ref()
@@ -338,6 +348,9 @@ fn verify_topic(
         },
     })
 }
+
+/// How long one ask for a changelog's settings waits before it is asked again.
+const DESCRIBE_ATTEMPT: Duration = Duration::from_secs(5);
 
 /// On a cluster of at least this many brokers a changelog is expected to survive the loss of
 /// one: three replicas and `min.insync.replicas` of two (Kafka Streams' production advice).
