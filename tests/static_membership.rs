@@ -38,6 +38,11 @@
 //! stay exact; a changelog write it made before learning of its removal is aborted, and the
 //! new owner, finding it after its restore's end, restores the task again. `KSTATE_PAUSE_MS` pauses for that long instead and reports how many pauses were
 //! taken for deaths (the false-positive measurement in RELIABILITY.md).
+//!
+//! **Failure detection on the three-node cluster**: the beacons' partition's leader and the
+//! group coordinator are killed, and every node restarts in turn, under traffic: no copy may
+//! take the stall for another's silence, the counts stay exact, and a copy killed afterwards is
+//! still removed by a survivor within 30 s (session timeout 60 s).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -639,7 +644,26 @@ async fn start_copies(
     session: Duration,
     detection: Option<Duration>,
 ) -> anyhow::Result<Setup> {
-    let servers = kstate_test_broker::bootstrap_servers()?;
+    start_copies_on(
+        kstate_test_broker::bootstrap_servers()?,
+        name,
+        copies_n,
+        standbys,
+        session,
+        detection,
+    )
+    .await
+}
+
+/// [`start_copies`] on the cluster `servers`.
+async fn start_copies_on(
+    servers: String,
+    name: &str,
+    copies_n: usize,
+    standbys: u32,
+    session: Duration,
+    detection: Option<Duration>,
+) -> anyhow::Result<Setup> {
     let inputs = vec![unique_topic("standby-a"), unique_topic("standby-b")];
     let output = unique_topic("standby-out");
     for topic in inputs.iter().chain([&output]) {
@@ -682,6 +706,124 @@ impl Setup {
         }
         Ok(())
     }
+}
+
+/// Failure detection on the three-node cluster (replication 3, min.insync.replicas=2): while
+/// the producer writes, the leader of the beacons' partition (`<app-id>-liveness`) is killed
+/// and restarted, then the group coordinator, then every node restarts in turn. A stall of the
+/// beacons' partition is no silence: no copy may remove another (each is alive throughout),
+/// and the counts stay exact. Then a copy is killed, and the detector still works: a survivor
+/// removes its members long before the 60 s session timeout would.
+#[tokio::test(flavor = "multi_thread")]
+async fn failure_detection_on_a_cluster_takes_no_broker_fault_for_silence() -> anyhow::Result<()> {
+    let cluster = kstate_test_broker::cluster()?;
+    let _only_user = cluster.exclusive()?;
+    let copies_n = 3;
+    let mut s = start_copies_on(
+        cluster.bootstrap_servers().to_string(),
+        "detect-cluster",
+        copies_n,
+        1,
+        Duration::from_secs(60),
+        Some(Duration::from_secs(1)),
+    )
+    .await?;
+    let mut truth = BTreeMap::new();
+    write_round(&s.servers, &s.inputs, 4, &mut truth)?;
+    wait_for_counts(&s.servers, &s.output, &truth, &mut s.copies)?;
+    let liveness = format!("{}-liveness", s.app_id);
+    wait_for("the copies' beacons", Duration::from_secs(60), || {
+        s.copies.check_alive()?;
+        Ok(cluster.leader(&liveness, 0).is_ok())
+    })?;
+
+    let writing = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let (servers, inputs, writing) = (s.servers.clone(), s.inputs.clone(), writing.clone());
+        let mut more = BTreeMap::new();
+        std::thread::spawn(move || -> anyhow::Result<BTreeMap<Vec<u8>, u64>> {
+            while writing.load(Ordering::Relaxed) {
+                write_round(&servers, &inputs, 2, &mut more)?;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Ok(more)
+        })
+    };
+    let faults = (|| -> anyhow::Result<()> {
+        let back_in_sync = Duration::from_secs(180);
+        for (what, node) in [
+            ("the beacons' leader", cluster.leader(&liveness, 0)?),
+            (
+                "the group coordinator",
+                cluster.group_coordinator(&s.app_id)?,
+            ),
+        ] {
+            cluster.kill(node)?;
+            std::thread::sleep(Duration::from_secs(5));
+            cluster.restart(node)?;
+            cluster.wait_until_in_sync(back_in_sync)?;
+            eprintln!("detect-cluster: {what}, node {node}, killed and back");
+            s.copies.check_alive()?;
+        }
+        for node in cluster.nodes() {
+            cluster.restart(node)?;
+            cluster.wait_until_in_sync(back_in_sync)?;
+        }
+        eprintln!("detect-cluster: every node restarted in turn");
+        // A removal decided late is logged within a few beacon rounds.
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(())
+    })();
+    writing.store(false, Ordering::Relaxed);
+    let more = writer.join().expect("the writer panicked")?;
+    faults?;
+    s.copies.check_alive()?;
+    let wrong: Vec<String> = (0..copies_n)
+        .flat_map(|slot| {
+            log_since(&s.copies, slot, 0)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("process silent: removed its members"))
+                .map(|l| format!("copy {slot}: {l}"))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    anyhow::ensure!(
+        wrong.is_empty(),
+        "broker faults were taken for a copy's silence:\n{}\n{}",
+        wrong.join("\n"),
+        s.copies.where_logs_are()
+    );
+    for (key, n) in more {
+        *truth.entry(key).or_default() += n;
+    }
+    wait_for_counts(&s.servers, &s.output, &truth, &mut s.copies)?;
+    check_exact_sequences(&s.servers, &s.output, PARTITIONS, &truth)?;
+
+    // The detector still works after the faults.
+    let victim = 1;
+    let marks: Vec<usize> = (0..copies_n)
+        .map(|slot| log_len(&s.copies, slot))
+        .collect::<anyhow::Result<_>>()?;
+    s.copies.kill(victim)?;
+    let killed = Instant::now();
+    wait_for(
+        "a survivor to remove the killed copy's members",
+        Duration::from_secs(30),
+        || Ok(removed_by_a_survivor(&s.copies, victim, &marks)),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", s.copies.logs()))?;
+    eprintln!(
+        "detect-cluster: killed copy {victim} removed {:.1} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
+    s.copies.spawn(victim)?;
+    write_round(&s.servers, &s.inputs, 2, &mut truth)?;
+    wait_for_counts(&s.servers, &s.output, &truth, &mut s.copies)?;
+    check_exact_sequences(&s.servers, &s.output, PARTITIONS, &truth)?;
+    s.copies.stop_all()?;
+    s.copies.finished();
+    Ok(())
 }
 
 /// With two replicas each of three copies follows every task it does not run, so when two

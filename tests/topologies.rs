@@ -57,6 +57,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use common::broker_faults::{BrokerFault, Targets, broker_faults};
 use common::child::{self, ChildEnv, Copies};
 use common::streams::{check_exact_sequences, env_number, last_counts, read_topic, wait_for};
 use kstate::kstate_core::BoxError;
@@ -770,90 +771,6 @@ struct BrokerFaults {
     faults: Vec<BrokerFault>,
 }
 
-/// A broker fault of a chaos run on the cluster. Each ends with every node back and in sync, so
-/// that the next one is one node down at a time (min.insync.replicas=2 of 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BrokerFault {
-    /// SIGKILL the leader of a random partition of the `counts` changelog; restart it a few
-    /// seconds later.
-    ChangelogLeader,
-    /// The same for a random partition of a random input (the repartition topic included).
-    InputLeader,
-    /// The same for the transaction coordinator of a random copy's producer.
-    TransactionCoordinator,
-    /// The same for the application's group coordinator.
-    GroupCoordinator,
-    /// Every node in turn stopped gracefully and started again, each back in sync before the
-    /// next.
-    RollingRestart,
-    /// A random node paused (SIGSTOP) past the clients' request timeout (30 s), then resumed.
-    Pause,
-}
-
-const ALL_BROKER_FAULTS: [BrokerFault; 6] = [
-    BrokerFault::ChangelogLeader,
-    BrokerFault::InputLeader,
-    BrokerFault::TransactionCoordinator,
-    BrokerFault::GroupCoordinator,
-    BrokerFault::RollingRestart,
-    BrokerFault::Pause,
-];
-
-/// How long a node inflicted a fault on takes to be back in every ISR before the next fault.
-const BACK_IN_SYNC: Duration = Duration::from_secs(180);
-
-impl BrokerFault {
-    /// Inflicts the fault on the cluster of application `app_id` running `topology`, and waits
-    /// until every node is back in sync. Returns what it did.
-    fn inflict(
-        self,
-        cluster: &Cluster,
-        app_id: &str,
-        topology: &Topology,
-        rng: &mut impl Rng,
-    ) -> anyhow::Result<String> {
-        let victim = match self {
-            BrokerFault::ChangelogLeader => {
-                let changelog = format!("{app_id}-counts-changelog");
-                cluster.leader(&changelog, rng.random_range(0..PARTITIONS))?
-            }
-            BrokerFault::InputLeader => {
-                let inputs = topology.inputs();
-                let input = &inputs[rng.random_range(0..inputs.len())];
-                cluster.leader(input, rng.random_range(0..PARTITIONS))?
-            }
-            BrokerFault::TransactionCoordinator => {
-                let copy = rng.random_range(0..3);
-                cluster.transaction_coordinator(&format!("{app_id}-copy-{copy}-0"))?
-            }
-            BrokerFault::GroupCoordinator => cluster.group_coordinator(app_id)?,
-            BrokerFault::RollingRestart => {
-                for node in cluster.nodes() {
-                    cluster.restart(node)?;
-                    cluster.wait_until_in_sync(BACK_IN_SYNC)?;
-                }
-                return Ok("rolling restart of every node".into());
-            }
-            BrokerFault::Pause => {
-                let node = rng.random_range(cluster.nodes());
-                cluster.pause(node)?;
-                std::thread::sleep(Duration::from_secs(35));
-                cluster.resume(node)?;
-                cluster.wait_until_in_sync(BACK_IN_SYNC)?;
-                return Ok(format!("node {node} paused for 35 s"));
-            }
-        };
-        cluster.kill(victim)?;
-        let down = Duration::from_millis(rng.random_range(2_000..8_000));
-        std::thread::sleep(down);
-        cluster.restart(victim)?;
-        cluster.wait_until_in_sync(BACK_IN_SYNC)?;
-        Ok(format!(
-            "{self:?}: node {victim} killed, back after {down:.1?}"
-        ))
-    }
-}
-
 /// How long the copy stopped with SIGTERM stays away, and how long the others then run with it
 /// back: past the session timeout (6 s).
 const AWAY: Duration = Duration::from_secs(8);
@@ -939,7 +856,14 @@ async fn chaos(chaos: Chaos) -> anyhow::Result<()> {
             if kills >= 2
                 && let (Some(cluster), Some(fault)) = (cluster, faults.pop())
             {
-                let what = fault.inflict(cluster, &app_id, &topology, &mut rng)?;
+                let targets = Targets {
+                    app_id: app_id.clone(),
+                    changelog: format!("{app_id}-counts-changelog"),
+                    inputs: topology.inputs(),
+                    partitions: PARTITIONS,
+                    copies: 3,
+                };
+                let what = fault.inflict(cluster, &targets, &mut rng)?;
                 eprintln!("{name}: {what} ({:.0?})", started.elapsed());
                 inflicted.push(what);
                 copies.check_alive()?;
@@ -1042,22 +966,6 @@ async fn exactly_once_repartition_through_random_kills_counts_every_record_once(
     .await
 }
 
-/// The broker faults of a run on the cluster: `KSTATE_BROKER_FAULTS` random ones of every kind
-/// (`scripts/topology-kills --cluster`), or CI's short run: one changelog leader killed, then a
-/// rolling restart.
-fn broker_faults(seed: u64) -> Vec<BrokerFault> {
-    match env_number("KSTATE_BROKER_FAULTS") {
-        Some(n) => {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            (0..n)
-                .map(|_| ALL_BROKER_FAULTS[rng.random_range(0..ALL_BROKER_FAULTS.len())])
-                .collect()
-        }
-        // Popped from the end.
-        None => vec![BrokerFault::RollingRestart, BrokerFault::ChangelogLeader],
-    }
-}
-
 /// On the three-node cluster (replication 3, min.insync.replicas=2): besides the copies' kills,
 /// nodes die (the leader of a changelog or an input partition, a transaction or group
 /// coordinator), restart one by one, or stall; no copy may fail, and every count is exact.
@@ -1073,7 +981,7 @@ async fn chaos_on_a_cluster(name: &'static str, topology: Topology) -> anyhow::R
         servers: None,
         broker_faults: Some(BrokerFaults {
             cluster,
-            faults: broker_faults(seed),
+            faults: broker_faults(seed)?,
         }),
     })
     .await

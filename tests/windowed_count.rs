@@ -23,6 +23,11 @@
 //!   segments), which the error policy skips: the transaction aborts, and none of it may show,
 //!   in the output or in the windows counted later.
 //!
+//! - **The same on the three-node cluster through broker faults**: the backlog run, its
+//!   changelog's leader killed and every node restarted in turn besides (`common::broker_faults`;
+//!   `KSTATE_BROKER_FAULTS` asks for more, of every kind), while segments drop and transactions
+//!   abort.
+//!
 //! CI runs at least 6 kills and 15 s of each chaos run; `KSTATE_WINDOWED_KILLS` and
 //! `KSTATE_WINDOWED_SECONDS` run longer, `KSTATE_WINDOWED_SEED` repeats a run's kills.
 
@@ -36,11 +41,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use common::broker_faults::{Targets, broker_faults};
 use common::child::{self, ChildEnv, Copies};
 use common::streams::{env_number, read_topic, wait_for};
 use kstate::kstate_core::{BoxError, WindowOptions};
 use kstate::kstate_task::{App, Context, ErrorPolicy, ProcessingGuarantee, Processor, Record};
-use kstate_test_broker::unique_topic;
+use kstate_test_broker::{Cluster, unique_topic};
 use rand::{Rng, SeedableRng};
 
 const PARTITIONS: i32 = 4;
@@ -256,6 +262,10 @@ fn check_output(
     Ok(())
 }
 
+/// The chaos runs of this binary take turns: each has three copies and a producer, those on the
+/// cluster three nodes more; two at once on two cores starve the brokers.
+static ONE_CHAOS_RUN_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A chaos run's bounds and kills, from the environment: at least `KSTATE_WINDOWED_KILLS`
 /// kills (6) and `KSTATE_WINDOWED_SECONDS` (15), a random source seeded by
 /// `KSTATE_WINDOWED_SEED` (random, and printed so that a run can be repeated).
@@ -275,7 +285,7 @@ async fn copies_of(
     windows: &WindowOptions,
     n: usize,
     fails_on_bad: bool,
-) -> anyhow::Result<(Copies, String, String)> {
+) -> anyhow::Result<(Copies, String, String, String)> {
     let (input, output) = (
         unique_topic(&format!("{name}-in")),
         unique_topic(&format!("{name}-out")),
@@ -289,9 +299,10 @@ async fn copies_of(
     ];
     kstate_bench::kafka::create_topic(servers, &input, PARTITIONS, &settings).await?;
     common::create_topic(servers, &output, PARTITIONS, "delete").await?;
+    let app_id = unique_topic(name);
     let env = vec![
         ("SERVERS", servers.to_string()),
-        ("APP_ID", unique_topic(name)),
+        ("APP_ID", app_id.clone()),
         ("INPUT", input.clone()),
         ("OUTPUT", output.clone()),
         ("WINDOW_MS", windows.size_ms().to_string()),
@@ -299,17 +310,23 @@ async fn copies_of(
         ("GRACE_MS", windows.grace_ms().to_string()),
         ("FAILS_ON_BAD", fails_on_bad.to_string()),
     ];
-    Ok((Copies::new(name, "child_windowed", &env, n)?, input, output))
+    Ok((
+        Copies::new(name, "child_windowed", &env, n)?,
+        input,
+        output,
+        app_id,
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn exactly_once_final_counts_through_random_kills_are_sent_once_and_correct()
 -> anyhow::Result<()> {
     let name = "windowed-eos";
+    let _turn = ONE_CHAOS_RUN_AT_A_TIME.lock().await;
     let (min_kills, seconds, mut rng) = chaos_settings(name);
     let servers = kstate_test_broker::bootstrap_servers()?;
     let windows = chaos_windows();
-    let (mut copies, input, output) = copies_of(name, &servers, &windows, 3, false).await?;
+    let (mut copies, input, output, _) = copies_of(name, &servers, &windows, 3, false).await?;
     for slot in 0..3 {
         copies.spawn(slot)?;
     }
@@ -439,11 +456,43 @@ impl Backlog {
 #[tokio::test(flavor = "multi_thread")]
 async fn exactly_once_final_counts_through_backlogs_time_jumps_and_skipped_records_are_sent_once_and_correct()
 -> anyhow::Result<()> {
-    let name = "windowed-backlog";
+    backlog_chaos("windowed-backlog", None).await
+}
+
+/// The backlog run on the three-node cluster: besides the copies' kills and outages, its nodes
+/// fail (`common::broker_faults`: CI kills a changelog leader and restarts every node in turn;
+/// `KSTATE_BROKER_FAULTS` asks for more), while segments are dropped and transactions abort.
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_final_counts_on_a_cluster_through_broker_faults_backlogs_and_time_jumps_are_sent_once_and_correct()
+-> anyhow::Result<()> {
+    let cluster = kstate_test_broker::cluster()?;
+    let _only_user = cluster.exclusive()?;
+    backlog_chaos("windowed-cluster", Some(cluster)).await
+}
+
+/// Three copies through kills, outages of all of them, backlogs, time jumps and skipped
+/// records (see the module docs); on `cluster`, broker faults too, one at a time after the
+/// second kill.
+async fn backlog_chaos(name: &str, cluster: Option<&Cluster>) -> anyhow::Result<()> {
+    let _turn = ONE_CHAOS_RUN_AT_A_TIME.lock().await;
     let (min_kills, seconds, mut rng) = chaos_settings(name);
-    let servers = kstate_test_broker::bootstrap_servers()?;
+    let mut faults = match cluster {
+        Some(_) => broker_faults(rng.random())?,
+        None => Vec::new(),
+    };
+    let servers = match cluster {
+        Some(cluster) => cluster.bootstrap_servers().to_string(),
+        None => kstate_test_broker::bootstrap_servers()?,
+    };
     let windows = backlog_windows();
-    let (mut copies, input, output) = copies_of(name, &servers, &windows, 3, true).await?;
+    let (mut copies, input, output, app_id) = copies_of(name, &servers, &windows, 3, true).await?;
+    let targets = Targets {
+        changelog: format!("{app_id}-counts-changelog"),
+        app_id,
+        inputs: vec![input.clone()],
+        partitions: PARTITIONS,
+        copies: 3,
+    };
     let base = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis() as i64;
@@ -455,7 +504,19 @@ async fn exactly_once_final_counts_through_backlogs_time_jumps_and_skipped_recor
     }
     let started = Instant::now();
     let (mut kills, mut outages) = (0, 0);
-    while started.elapsed() < Duration::from_secs(seconds) || kills < min_kills {
+    let mut inflicted = 0;
+    while started.elapsed() < Duration::from_secs(seconds)
+        || kills < min_kills
+        || !faults.is_empty()
+    {
+        if kills >= 2
+            && let (Some(cluster), Some(fault)) = (cluster, faults.pop())
+        {
+            let what = fault.inflict(cluster, &targets, &mut rng)?;
+            eprintln!("{name}: {what} ({:.0?})", started.elapsed());
+            inflicted += 1;
+            copies.check_alive()?;
+        }
         if rng.random_ratio(1, 8) {
             // Every copy down while a backlog piles up.
             for slot in 0..3 {
@@ -493,7 +554,8 @@ async fn exactly_once_final_counts_through_backlogs_time_jumps_and_skipped_recor
     good.extend(closers);
     let expected = expected_finals(&good, &windows);
     eprintln!(
-        "{name}: {} records ({} bad), {} windows, {kills} kills ({outages} of all copies) in {:.0?}",
+        "{name}: {} records ({} bad), {} windows, {kills} kills ({outages} of all copies) and \
+         {inflicted} broker faults in {:.0?}",
         input_records.sent.len() + PARTITIONS as usize,
         input_records.sent.len() + PARTITIONS as usize - good.len(),
         expected.len(),
@@ -512,7 +574,7 @@ async fn a_late_record_after_a_kill_and_restart_is_refused_as_before() -> anyhow
     let name = "windowed-late";
     let servers = kstate_test_broker::bootstrap_servers()?;
     let windows = minute_windows();
-    let (mut copies, input, output) = copies_of(name, &servers, &windows, 1, false).await?;
+    let (mut copies, input, output, _) = copies_of(name, &servers, &windows, 1, false).await?;
     copies.spawn(0)?;
     let a = key(0);
     let second = 1_000i64;

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 #![allow(dead_code)]
 
+pub mod broker_faults;
 pub mod child;
 pub mod failures;
 pub mod streams;

@@ -47,6 +47,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::placement::process_of;
 use crate::shared::AppShared;
 
+/// After a stall of the beacons' partition, how much longer than the timeout another process
+/// must stay silent: the time its producer may take beyond this one's to find the new leader.
+const STALL_GRACE: Duration = Duration::from_secs(5);
 /// How long the beacons' topic keeps them: long enough for anyone reading late.
 const RETENTION: &str = "600000";
 /// How long a topic creation, a DescribeGroups or a removal may take.
@@ -131,7 +134,13 @@ fn decode_members(value: &[u8]) -> Vec<MemberToRemove> {
 /// (two beacon intervals). A reader that was itself paused or slow cannot mistake its pause for
 /// silence: the others' beacons of that time sit in the log between its own, and reset their
 /// silence. A stall of the partition (its leader moving) is no silence either: nobody's beacons
-/// are appended meanwhile, and the step across it counts `max_step` only.
+/// are appended meanwhile, and the step across it counts `max_step` only. Nor are the moments
+/// after it: each process's producer finds the new leader in its own time (its metadata
+/// refreshes back off up to a second apart), so the others' queued beacons may land seconds
+/// after this one's. After a step longer than `max_step` every other process is given
+/// [`STALL_GRACE`] on top of the timeout (on the three-node cluster, with a 1 s timeout, a
+/// reader whose producer found the new leader first removed both other, live, processes 1.27 s
+/// later).
 #[derive(Debug)]
 struct Beacons {
     me: String,
@@ -172,12 +181,14 @@ impl Beacons {
             };
             return;
         }
-        let step = self
-            .clock
-            .map_or(0, |c| appended.saturating_sub(c).clamp(0, self.max_step));
+        let gap = self.clock.map_or(0, |c| appended.saturating_sub(c));
+        let step = gap.clamp(0, self.max_step);
         self.clock = Some(self.clock.map_or(appended, |c| c.max(appended)));
+        let grace = i64::try_from(STALL_GRACE.as_millis()).unwrap_or(i64::MAX);
         for other in self.others.values_mut() {
-            other.quiet = Some(other.quiet.map_or(0, |q| q.saturating_add(step)));
+            let quiet = other.quiet.map_or(0, |q| q.saturating_add(step));
+            // A stall: the others' beacons may land this much later than this one's.
+            other.quiet = Some(if gap > self.max_step { -grace } else { quiet });
         }
     }
 
@@ -489,6 +500,39 @@ mod tests {
         b.received("other", 3010, Vec::new());
         b.received("me", 3250, Vec::new());
         assert!(b.silent(TIMEOUT).is_empty());
+    }
+
+    /// On the three-node cluster the other producers found the new leader more than a second
+    /// after this one: its own beacons after the stall spanned more than the timeout before the
+    /// others' queued ones landed, and it removed two live processes.
+    #[test]
+    fn after_a_stall_the_others_beacons_may_land_seconds_later() {
+        let mut b = beacons();
+        b.received("other", 0, Vec::new());
+        b.received("me", 0, Vec::new());
+        // The stall, then four seconds of own beacons alone.
+        for i in 0..=16 {
+            b.received("me", 9000 + STEP * i, Vec::new());
+        }
+        assert!(
+            b.silent(TIMEOUT).is_empty(),
+            "within the grace after a stall, nobody is silent"
+        );
+        b.received("other", 13_000, Vec::new());
+        b.received("me", 13_250, Vec::new());
+        assert!(b.silent(TIMEOUT).is_empty());
+        // A process that died in the stall is still found, the grace later.
+        let mut b = beacons();
+        b.received("other", 0, Vec::new());
+        b.received("me", 0, Vec::new());
+        for i in 0..=28 {
+            b.received("me", 9000 + STEP * i, Vec::new());
+        }
+        assert_eq!(
+            names(&b.silent(TIMEOUT)).len(),
+            1,
+            "silent past the grace and the timeout"
+        );
     }
 
     #[test]

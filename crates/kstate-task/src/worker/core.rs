@@ -127,9 +127,9 @@ impl Core {
 
     /// The producer could not go on, or something else failed in it.
     fn producer_failed(&mut self, error: TaskError) {
-        if classify(&error) == Failure::ProducerLost {
+        if let Failure::ProducerLost { fenced } = classify(&error) {
             self.health
-                .producer_lost(self.index, error, &mut self.losses);
+                .producer_lost(self.index, error, fenced, &mut self.losses);
         } else {
             self.fail(error);
         }
@@ -349,7 +349,7 @@ impl Core {
             Err(e) if shared => {
                 tracing::warn!(worker = self.index, error = %e, "the last commit of ending tasks failed");
                 match classify(&e) {
-                    Failure::ProducerLost | Failure::Fatal => {
+                    Failure::ProducerLost { .. } | Failure::Fatal => {
                         self.producer_failed(e);
                         (false, false)
                     }
@@ -718,7 +718,7 @@ impl Core {
                     None => self.fail(error),
                 }
             }
-            Failure::ProducerLost => self.producer_failed(error),
+            Failure::ProducerLost { .. } => self.producer_failed(error),
         }
     }
 
@@ -875,7 +875,7 @@ impl Core {
 
     /// The producer could not go on: every task and restore is dropped without applying
     /// anything (the lost transaction's overlays die with the stores), and a new producer is
-    /// made. The caller rejoins the group.
+    /// made. The caller restores the held tasks again ([`restore_held`](Self::restore_held)).
     pub(crate) fn replace_producer(&mut self) {
         if let Health::ProducerLost(why) = &self.health {
             tracing::info!(worker = self.index, reason = %why, "replacing the producer");
@@ -886,6 +886,32 @@ impl Core {
             Ok(()) => self.health.recovered(),
             Err(e) => self.fail(e),
         }
+    }
+
+    /// After [`replace_producer`](Self::replace_producer): the tasks this consumer still holds
+    /// restore again and resume from their committed offsets (their inputs were read past
+    /// them), paused until then. No rejoin: the new producer has fenced the old one, and the
+    /// group's assignment did not change. (Rejoining by unsubscribing and subscribing again
+    /// was seen to leave a static member of a cooperative group with its partitions assigned
+    /// in the group and never handed to it: librdkafka found the assignment unchanged and
+    /// called no assign, and the worker sat idle for good.)
+    pub(crate) fn restore_held(&mut self, input: &dyn Input) {
+        let tasks = self.slots.held_whole();
+        let partitions: Vec<InputPartition> = tasks
+            .iter()
+            .flat_map(|&p| self.slots.inputs_of(p))
+            .collect();
+        if let Err(e) = input.pause(&partitions) {
+            return self.fail(e);
+        }
+        if !tasks.is_empty() {
+            tracing::info!(
+                worker = self.index,
+                ?tasks,
+                "restoring the held tasks again with the new producer"
+            );
+        }
+        self.start_restores(&tasks, true);
     }
 
     /// The worker ends: no more restores (the restorer threads end after their jobs once every

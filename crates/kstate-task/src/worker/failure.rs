@@ -31,8 +31,9 @@ pub(crate) enum Failure {
     /// A store disagrees with its changelog (another writer's records, perhaps aborted ones):
     /// the task with the store named here restores again.
     Corrupted { store: Option<String> },
-    /// The producer cannot go on: fenced, or an abort that could not complete.
-    ProducerLost,
+    /// The producer cannot go on: fenced (the broker says a newer producer took over, or a
+    /// transaction of ours timed out), or failed otherwise (an abort that could not complete).
+    ProducerLost { fenced: bool },
     /// Nothing a retry or a skip can fix.
     Fatal,
 }
@@ -54,7 +55,7 @@ pub(crate) fn classify(error: &TaskError) -> Failure {
         TaskError::Producer { source, .. } => changelog_failure(source, false),
         TaskError::Transaction { source, .. } => match &**source {
             TransactionError::Aborted { .. } => Failure::Transient,
-            TransactionError::Fatal { .. } => Failure::ProducerLost,
+            TransactionError::Fatal { fenced, .. } => Failure::ProducerLost { fenced: *fenced },
             TransactionError::Store { store, source, .. } => match store_failure(source) {
                 Failure::Corrupted { .. } => Failure::Corrupted {
                     store: Some(store.clone()),
@@ -275,7 +276,7 @@ mod tests {
                 fenced: true,
             },
         );
-        assert_eq!(classify(&fenced), Failure::ProducerLost);
+        assert_eq!(classify(&fenced), Failure::ProducerLost { fenced: true });
         let user = TaskError::Processor {
             task: TASK,
             step: ProcessorStep::Init,

@@ -183,15 +183,12 @@ pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Resul
             break;
         }
         if !core.health.is_ok() {
-            // The producer was lost: rejoining gets a new assignment, whose tasks restore the
-            // committed tail of their stores.
+            // The producer was lost: with a new one, the held tasks restore the committed tail
+            // of their stores and read on from their committed offsets.
             core.replace_producer();
-            drop(core);
-            consumer.unsubscribe();
-            lock(&state).slots.clear();
-            consumer.subscribe(&topics).map_err(|source| {
-                consumer_error("subscribe again after losing the producer", source)
-            })?;
+            if core.health.is_ok() {
+                core.restore_held(&consumer);
+            }
         }
     }
 

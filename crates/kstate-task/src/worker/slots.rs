@@ -156,6 +156,19 @@ impl Slots {
 
     /// Of `partitions`' tasks, those that hold only some of their inputs, with the inputs they
     /// hold.
+    /// The tasks whose every input partition is held, neither restoring nor running (as
+    /// [`drop_all`](Self::drop_all) leaves them).
+    pub(crate) fn held_whole(&self) -> Vec<i32> {
+        let n_inputs = self.inputs().len();
+        self.slots
+            .iter()
+            .filter_map(|(&p, slot)| match slot {
+                Slot::Incomplete { held } if held.len() == n_inputs => Some(p),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub(crate) fn incomplete_among(
         &self,
         partitions: &[InputPartition],
@@ -350,14 +363,5 @@ impl Slots {
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.slots.is_empty()
-    }
-
-    /// Forgets every slot (an unsubscribe revoked everything; the tasks were dropped before).
-    pub(crate) fn clear(&mut self) {
-        for (p, slot) in std::mem::take(&mut self.slots) {
-            if !matches!(slot, Slot::Incomplete { .. }) {
-                self.app.registry.remove(self.worker, p);
-            }
-        }
     }
 }

@@ -569,6 +569,24 @@ fn exactly_once_a_fenced_producer_drops_every_task_and_is_replaced_once() {
     assert_eq!(h.log.lock().unwrap().renewals, 1);
     assert!(h.states().is_empty(), "every task dropped");
     assert!(!h.running(0) && !h.running(1));
+    // The consumer still holds both partitions: their tasks restore again with the new
+    // producer and read on from the committed offsets, without a rejoin.
+    h.input.seeks.borrow_mut().clear();
+    h.core.restore_held(&h.input);
+    h.finish_restores();
+    assert!(h.running(0) && h.running(1), "both tasks run again");
+    let seeks: BTreeSet<_> = h
+        .input
+        .seeks
+        .borrow()
+        .iter()
+        .map(|(ip, _)| ip.clone())
+        .collect();
+    assert_eq!(
+        seeks,
+        BTreeSet::from([ip("a", 0), ip("a", 1)]),
+        "rewound to the committed offsets"
+    );
 }
 
 #[test]
