@@ -61,8 +61,25 @@
 #        windowed-final kafka-streams=<r>/s kstate=<r>/s ratio=<kstate/kafka-streams>
 #        failover kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
 #        recovery-eos kafka-streams=<s>s kstate=<s>s ratio=<kafka-streams/kstate>
-#        latency-alos kafka-streams=<p50>/<p99>/<p99.9>ms kstate=<p50>/<p99>/<p99.9>ms (visible)
+#        resources-alos kafka-streams=<cpu>s/<rss>MB kstate=<cpu>s/<rss>MB
+#        resources-eos  kafka-streams=... kstate=...
+#        latency-alos kafka-streams=<p50>/<p95>/<p99>/<p99.9>ms kstate=... (visible)
 #        latency-eos  kafka-streams=... kstate=...
+#        broker-kill-alos kafka-streams=<next>/<every>/<max>ms kstate=<next>/<every>/<max>ms
+#        broker-kill-eos  kafka-streams=... kstate=...
+#      (resources: CPU seconds, user and system, per million records of E2E_ROWS, and peak RSS,
+#      of each system's caching-off end-to-end process, from /usr/bin/time: start and group
+#      join included);
+#  10. the broker kill (ONLY=broker-kill, on the three-node cluster of `scripts/kafka start
+#      --nodes 3`, whose bootstrap list KAFKA_BOOTSTRAP_SERVERS or CLIENT_PROPERTIES names):
+#      like the latency runs (7.), each system at-least-once, then exactly-once, but
+#      BROKER_KILL_AFTER_S seconds into the pacing the leader of the input's partition 0 is
+#      SIGKILLed (`scripts/kafka kill N`), and restarted and back in every ISR (`e2e in-sync`)
+#      after the run; from the kill until the reader had the output of an input appended after
+#      it, first on any partition (<next>: the application's next committed output), then on
+#      every partition (<every>: the partition whose leader died waits for KRaft to fence its
+#      broker, broker.session.timeout.ms, 9 s), and the slowest visible latency of an input
+#      appended from 10 s before the kill on (<max>);
 #      (e2e-eos-overhead: kstate's exactly-once rate against its at-least-once, caching off, rate
 #      of the same run, i.e. e2e-alos's kstate number; windowed-alos and windowed-eos: emitting
 #      every update, caching off; windowed-final: final counts only, at-least-once).
@@ -99,12 +116,17 @@
 #                            environment gives kstate's copies failure detection
 #   ONLY=windowed            only the windowed runs (8.): prints windowed-alos, windowed-eos and
 #                            windowed-final only
+#   ONLY=broker-kill         only the broker kill (10.; not part of ONLY=all: it needs the
+#                            three-node cluster)
 #                            (default ONLY=all: everything; parts can be combined with commas,
 #                            e.g. ONLY=e2e,latency)
 #   LATENCY_ROWS             records per latency run, warm-up included (default 250000)
 #   LATENCY_RATE             the paced records' rate, records/s (default 10000)
 #   LATENCY_WARMUP           warm-up records (default 50000: enough for the JVM's JIT too)
 #   WINDOWED_STEP_MS         the windowed input's event time per record, ms (default 1.2)
+#   BROKER_KILL_ROWS         records per broker-kill run, warm-up included (default 450000:
+#                            40 s of pacing at the default rate, 30 s of them after the kill)
+#   BROKER_KILL_AFTER_S      seconds of pacing before the kill (default 10)
 #   FAILOVER_*, SESSION_TIMEOUT_MS, HEARTBEAT_MS
 #                            the failover's and the recovery's settings (see failover.sh;
 #                            FAILOVER_MODE is set by this script: takeover for 5., restart
@@ -134,6 +156,8 @@ LATENCY_ROWS=${LATENCY_ROWS:-250000}
 LATENCY_RATE=${LATENCY_RATE:-10000}
 LATENCY_WARMUP=${LATENCY_WARMUP:-50000}
 WINDOWED_STEP_MS=${WINDOWED_STEP_MS:-1.2}
+BROKER_KILL_ROWS=${BROKER_KILL_ROWS:-450000}
+BROKER_KILL_AFTER_S=${BROKER_KILL_AFTER_S:-10}
 STORE=store
 APP=kstate-vs-ks-$(date +%s)-$$
 CHANGELOG=$APP-$STORE-changelog
@@ -146,7 +170,7 @@ DELETE_TOPICS=(--delete-topics)
 # The parts ONLY asks for (comma-separated): base (a.-c.), e2e, eos, failover, recovery, latency,
 # windowed.
 want_base=0 want_e2e=0 want_eos=0 want_failover=0 want_recovery=0 want_latency=0 want_windowed=0
-want_failover_standby=0
+want_failover_standby=0 want_broker_kill=0
 IFS=, read -r -a only_parts <<<"$ONLY"
 for part in "${only_parts[@]}"; do
     case $part in
@@ -159,7 +183,8 @@ for part in "${only_parts[@]}"; do
         recovery) want_recovery=1 ;;
         latency) want_latency=1 ;;
         windowed) want_windowed=1 ;;
-        *) die "ONLY=$ONLY: all, base, e2e, eos, failover, failover-standby, recovery, latency or windowed (or several, comma-separated)" ;;
+        broker-kill) want_broker_kill=1 ;;
+        *) die "ONLY=$ONLY: all, base, e2e, eos, failover, failover-standby, recovery, latency, windowed or broker-kill (or several, comma-separated)" ;;
     esac
 done
 # The e2e part includes the exactly-once pair.
@@ -189,7 +214,17 @@ mkdir -p "$LOG_DIR"
 # ------------------------------------------------------------------ the Java side, the broker
 
 ensure_jar "$LOG_DIR/mvn.log"
-trap stop_started_broker EXIT
+# The node a broker-kill run SIGKILLed, restarted (and the cluster back in sync) after the run,
+# or on the way out of a run that failed.
+KILLED_NODE=
+restart_killed_node() {
+    [[ -n $KILLED_NODE ]] || return 0
+    log "restarting node $KILLED_NODE"
+    "$KAFKA_SCRIPT" restart "$KILLED_NODE" >&2 || log "warning: scripts/kafka restart $KILLED_NODE failed"
+    KILLED_NODE=
+    e2e in-sync --timeout-s 300
+}
+trap 'restart_killed_node; stop_started_broker' EXIT
 broker_up
 log "broker $BOOTSTRAP${CLIENT_PROPERTIES:+ (client properties $CLIENT_PROPERTIES)}; rows $ROWS; app $APP; raw outputs in $LOG_DIR"
 
@@ -204,8 +239,17 @@ field() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 rate() { awk -v n="$1" -v ms="$2" 'BEGIN { printf "%.0f", n / (ms / 1000) }'; }
 
+# timed COMMAND...: COMMAND, under /usr/bin/time when RUN_TIME_FILE names where its CPU
+# seconds and peak RSS go (e2e_run sets it for the application it runs).
+timed() {
+    if [[ -n ${RUN_TIME_FILE:-} ]]; then
+        /usr/bin/time -o "$RUN_TIME_FILE" -f 'cpu_user_s=%U cpu_system_s=%S max_rss_kb=%M' "$@"
+    else
+        "$@"
+    fi
+}
 # Every e2e command, with the client properties.
-e2e() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP "$E2E_BIN" "$@" "${E2E_CLIENT[@]}"; }
+e2e() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP timed "$E2E_BIN" "$@" "${E2E_CLIENT[@]}"; }
 # Deletes topics through the e2e binary (the same client properties as everything else).
 delete_topics() {
     local IFS=,
@@ -263,6 +307,22 @@ fi
 e2e_rate() {
     field "$1" 's/^e2e output=.* records_per_sec=\([0-9]*\)$/\1/p' "e2e measure line"
 }
+# e2e_resources NAME: the run's CPU seconds (user + system) per million records and its peak
+# RSS, "<cpu>s/<rss>MB", from $LOG_DIR/NAME.time (the whole process: start, group join and
+# every record of E2E_ROWS).
+e2e_resources() {
+    local line
+    line=$(grep '^cpu_user_s=' "$LOG_DIR/$1.time" | tail -n 1)
+    [[ -n $line ]] || die "no CPU and RSS line in $LOG_DIR/$1.time"
+    awk -v line="$line" -v rows="$E2E_ROWS" 'BEGIN {
+        split(line, f, /[ =]/)
+        printf "%.1fs/%.0fMB", (f[2] + f[4]) / (rows / 1e6), f[6] / 1024
+    }'
+}
+# resources_line LABEL KS_NAME KSTATE_NAME: both runs' CPU per million records and peak RSS.
+resources_line() {
+    echo "$1 kafka-streams=$(e2e_resources "$2") kstate=$(e2e_resources "$3") (CPU s per million records/peak RSS)"
+}
 # e2e_run NAME EXPECT COMMAND...: a fresh LogAppendTime output topic $APP-NAME-out, the command
 # (reading $E2E_IN), the measure (--expect EXPECT; windows and window-updates: checked against
 # $E2E_IN); leaves the rate in $LOG_DIR/NAME.measure and NAME in e2e_ran. NAME is also the
@@ -277,13 +337,13 @@ e2e_run() {
     e2e_ran+=("$name")
     e2e output --topic "$out" --partitions "$E2E_PARTITIONS"
     log "$name"
-    "$@" --output "$out" 2>&1 | tee "$LOG_DIR/$name.log"
+    RUN_TIME_FILE=$LOG_DIR/$name.time "$@" --output "$out" 2>&1 | tee "$LOG_DIR/$name.log"
     e2e measure --output "$out" --partitions "$E2E_PARTITIONS" --rows "$E2E_ROWS" \
         --expect "$expect" "${against[@]}" | tee "$LOG_DIR/$name.measure"
     touch_lease
 }
 ks_e2e() {
-    java "${JAVA_OPTS[@]}" -jar "$JAR" e2e --bootstrap "$BOOTSTRAP" --input "$E2E_IN" \
+    timed java "${JAVA_OPTS[@]}" -jar "$JAR" e2e --bootstrap "$BOOTSTRAP" --input "$E2E_IN" \
         --rows "$E2E_ROWS" "${KS_CLIENT[@]}" "$@"
 }
 kstate_e2e() {
@@ -366,48 +426,98 @@ fi
 
 # ------------------------------------------------------------------ latency
 
+# latency_run NAME ROWS COMMAND... [-- PACED FLAGS...]: a fresh LogAppendTime input
+# $APP-NAME-in and output $APP-NAME-out; COMMAND (given --input, --output, --rows ROWS) in the
+# background, `e2e paced` (ROWS, LATENCY_WARMUP of them at once, then LATENCY_RATE/s, and the
+# PACED FLAGS) in the foreground (its lines in $LOG_DIR/NAME.latency), then waits for COMMAND
+# to finish. The topics go on latency_topics.
+latency_topics=()
+declare -A latency_made=()
+# latency_topics_of NAME: creates latency_run NAME's input and output (once).
+latency_topics_of() {
+    local name=$1
+    [[ -z ${latency_made[$name]:-} ]] || return 0
+    latency_made[$name]=1
+    latency_topics+=("$APP-$name-in" "$APP-$name-out" "$APP-$name-counts-changelog")
+    e2e output --topic "$APP-$name-in" --partitions "$E2E_PARTITIONS"
+    e2e output --topic "$APP-$name-out" --partitions "$E2E_PARTITIONS"
+}
+latency_run() {
+    local name=$1 rows=$2
+    shift 2
+    local command=() paced=()
+    while (($#)) && [[ $1 != -- ]]; do command+=("$1"); shift; done
+    (($# == 0)) || { shift; paced=("$@"); }
+    local in=$APP-$name-in out=$APP-$name-out pid
+    latency_topics_of "$name"
+    log "latency: $name ($rows records, $LATENCY_WARMUP of them warm-up, then $LATENCY_RATE/s) ${paced[*]}"
+    "${command[@]}" --input "$in" --output "$out" --rows "$rows" >"$LOG_DIR/$name.log" 2>&1 &
+    pid=$!
+    if ! e2e paced --input "$in" --output "$out" --rows "$rows" --rate "$LATENCY_RATE" \
+        --warmup "$LATENCY_WARMUP" --json "$LOG_DIR/$name.latency.json" "${paced[@]}" | tee "$LOG_DIR/$name.latency"; then
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        tail -n 20 "$LOG_DIR/$name.log" >&2
+        die "latency run $name failed (log: $LOG_DIR/$name.log)"
+    fi
+    wait "$pid" || die "$name failed after its latency run (log: $LOG_DIR/$name.log)"
+    touch_lease
+}
+# Run in the background only: `exec` makes $! the application's own pid, so that a failed
+# run can stop it.
+exec_ks_app() { exec java "${JAVA_OPTS[@]}" -jar "$JAR" e2e --bootstrap "$BOOTSTRAP" "${KS_CLIENT[@]}" "$@"; }
+exec_kstate_app() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP exec "$E2E_BIN" kstate "$@" "${E2E_CLIENT[@]}"; }
+
 latency_alos=
 latency_eos=
 if [[ $want_latency == 1 ]]; then
-    # latency_run NAME COMMAND...: a fresh LogAppendTime input $APP-NAME-in and output
-    # $APP-NAME-out; COMMAND (given --input, --output, --rows) in the background, `e2e paced` in
-    # the foreground (its line in $LOG_DIR/NAME.latency), then waits for COMMAND to finish.
-    latency_topics=()
-    latency_run() {
-        local name=$1
-        shift
-        local in=$APP-$name-in out=$APP-$name-out pid
-        latency_topics+=("$in" "$out" "$APP-$name-counts-changelog")
-        e2e output --topic "$in" --partitions "$E2E_PARTITIONS"
-        e2e output --topic "$out" --partitions "$E2E_PARTITIONS"
-        log "latency: $name ($LATENCY_ROWS records, $LATENCY_WARMUP of them warm-up, then $LATENCY_RATE/s)"
-        "$@" --input "$in" --output "$out" --rows "$LATENCY_ROWS" >"$LOG_DIR/$name.log" 2>&1 &
-        pid=$!
-        if ! e2e paced --input "$in" --output "$out" --rows "$LATENCY_ROWS" --rate "$LATENCY_RATE" \
-            --warmup "$LATENCY_WARMUP" --json "$LOG_DIR/$name.latency.json" | tee "$LOG_DIR/$name.latency"; then
-            kill "$pid" 2>/dev/null || true
-            wait "$pid" 2>/dev/null || true
-            tail -n 20 "$LOG_DIR/$name.log" >&2
-            die "latency run $name failed (log: $LOG_DIR/$name.log)"
-        fi
-        wait "$pid" || die "$name failed after its latency run (log: $LOG_DIR/$name.log)"
-        touch_lease
-    }
-    # Run in the background only: `exec` makes $! the application's own pid, so that a failed
-    # run can stop it.
-    exec_ks_app() { exec java "${JAVA_OPTS[@]}" -jar "$JAR" e2e --bootstrap "$BOOTSTRAP" "${KS_CLIENT[@]}" "$@"; }
-    exec_kstate_app() { KAFKA_BOOTSTRAP_SERVERS=$BOOTSTRAP exec "$E2E_BIN" kstate "$@" "${E2E_CLIENT[@]}"; }
-    latency_run ks-lat-alos exec_ks_app --application-id "$APP-ks-lat-alos" --caching off
-    latency_run kstate-lat-alos exec_kstate_app --application-id "$APP-kstate-lat-alos"
-    latency_run ks-lat-eos exec_ks_app --application-id "$APP-ks-lat-eos" --caching off --guarantee exactly-once
-    latency_run kstate-lat-eos exec_kstate_app --application-id "$APP-kstate-lat-eos" --guarantee exactly-once
+    latency_run ks-lat-alos "$LATENCY_ROWS" exec_ks_app --application-id "$APP-ks-lat-alos" --caching off
+    latency_run kstate-lat-alos "$LATENCY_ROWS" exec_kstate_app --application-id "$APP-kstate-lat-alos"
+    latency_run ks-lat-eos "$LATENCY_ROWS" exec_ks_app --application-id "$APP-ks-lat-eos" --caching off --guarantee exactly-once
+    latency_run kstate-lat-eos "$LATENCY_ROWS" exec_kstate_app --application-id "$APP-kstate-lat-eos" --guarantee exactly-once
     # p50/p99/p99.9 of the visible latency (input append until the reader had the output).
     visible() {
-        field "$1" 's/^e2e latency .* visible_p50_ms=\([0-9]*\) visible_p99_ms=\([0-9]*\) visible_p999_ms=\([0-9]*\) .*/\1\/\2\/\3/p' \
+        field "$1" 's/^e2e latency .* visible_p50_ms=\([0-9]*\) visible_p95_ms=\([0-9]*\) visible_p99_ms=\([0-9]*\) visible_p999_ms=\([0-9]*\) .*/\1\/\2\/\3\/\4/p' \
             "e2e latency line"
     }
     latency_alos="kafka-streams=$(visible "$LOG_DIR/ks-lat-alos.latency")ms kstate=$(visible "$LOG_DIR/kstate-lat-alos.latency")ms"
     latency_eos="kafka-streams=$(visible "$LOG_DIR/ks-lat-eos.latency")ms kstate=$(visible "$LOG_DIR/kstate-lat-eos.latency")ms"
+    [[ ${KEEP_TOPICS:-0} != 0 ]] || delete_topics "${latency_topics[@]}"
+    latency_topics=()
+fi
+
+# ------------------------------------------------------------------ the broker kill
+
+broker_kill_alos=
+broker_kill_eos=
+if [[ $want_broker_kill == 1 ]]; then
+    "$KAFKA_SCRIPT" status --nodes 3 >/dev/null 2>&1 ||
+        die "ONLY=broker-kill needs the three-node cluster: scripts/kafka start --nodes 3, and its bootstrap list in KAFKA_BOOTSTRAP_SERVERS"
+    # broker_kill_run NAME COMMAND...: a latency run whose pacing SIGKILLs the leader of the
+    # input's partition 0 after BROKER_KILL_AFTER_S s; the node is restarted and the cluster back
+    # in sync afterwards, whatever happened.
+    broker_kill_run() {
+        local name=$1
+        shift
+        e2e in-sync --timeout-s 300
+        latency_topics_of "$name"
+        KILLED_NODE=$(e2e leader --topic "$APP-$name-in" --partition 0)
+        log "broker kill: $name, node $KILLED_NODE (leader of $APP-$name-in/0)"
+        latency_run "$name" "$BROKER_KILL_ROWS" "$@" -- \
+            --fault "'$KAFKA_SCRIPT' kill $KILLED_NODE" --fault-after "$BROKER_KILL_AFTER_S" --stall-s 600
+        restart_killed_node
+    }
+    broker_kill_run ks-kill-alos exec_ks_app --application-id "$APP-ks-kill-alos" --caching off
+    broker_kill_run kstate-kill-alos exec_kstate_app --application-id "$APP-kstate-kill-alos"
+    broker_kill_run ks-kill-eos exec_ks_app --application-id "$APP-ks-kill-eos" --caching off --guarantee exactly-once
+    broker_kill_run kstate-kill-eos exec_kstate_app --application-id "$APP-kstate-kill-eos" --guarantee exactly-once
+    # <next>/<every>/<max> ms of the fault line.
+    recovered() {
+        field "$1" 's/^e2e fault .* next_output_ms=\([0-9-]*\) every_partition_ms=\([0-9-]*\) max_visible_ms=\([0-9-]*\)$/\1\/\2\/\3/p' \
+            "e2e fault line"
+    }
+    broker_kill_alos="kafka-streams=$(recovered "$LOG_DIR/ks-kill-alos.latency")ms kstate=$(recovered "$LOG_DIR/kstate-kill-alos.latency")ms"
+    broker_kill_eos="kafka-streams=$(recovered "$LOG_DIR/ks-kill-eos.latency")ms kstate=$(recovered "$LOG_DIR/kstate-kill-eos.latency")ms"
     [[ ${KEEP_TOPICS:-0} != 0 ]] || delete_topics "${latency_topics[@]}"
 fi
 
@@ -464,7 +574,11 @@ if [[ $want_e2e == 1 ]]; then
     echo "e2e-alos-cached kafka-streams=$e2e_ks_cached/s kstate=$e2e_kstate_cached/s ratio=$(ratio "$e2e_kstate_cached" "$e2e_ks_cached")"
     echo "e2e-pipe rdkafka=$e2e_pipe/s kstate=$e2e_kstate/s ratio=$(ratio "$e2e_kstate" "$e2e_pipe")"
 fi
+if [[ $want_e2e == 1 ]]; then
+    resources_line resources-alos ks-uncached kstate-uncached
+fi
 if [[ $want_eos == 1 ]]; then
+    resources_line resources-eos ks-eos kstate-eos
     echo "e2e-eos kafka-streams=$e2e_ks_eos/s kstate=$e2e_kstate_eos/s ratio=$(ratio "$e2e_kstate_eos" "$e2e_ks_eos")"
     echo "e2e-eos-overhead kstate-alos=$e2e_kstate/s kstate-eos=$e2e_kstate_eos/s eos/alos=$(ratio "$e2e_kstate_eos" "$e2e_kstate")"
 fi
@@ -483,6 +597,10 @@ if [[ -n $recovery_line ]]; then
     echo "$recovery_line"
 fi
 if [[ -n $latency_alos ]]; then
-    echo "latency-alos $latency_alos (visible p50/p99/p99.9)"
-    echo "latency-eos $latency_eos (visible p50/p99/p99.9)"
+    echo "latency-alos $latency_alos (visible p50/p95/p99/p99.9)"
+    echo "latency-eos $latency_eos (visible p50/p95/p99/p99.9)"
+fi
+if [[ -n $broker_kill_alos ]]; then
+    echo "broker-kill-alos $broker_kill_alos (next output/every partition/slowest visible)"
+    echo "broker-kill-eos $broker_kill_eos (next output/every partition/slowest visible)"
 fi

@@ -53,6 +53,7 @@ impl Latency {
         LatencySummary {
             calls: self.0.len(),
             p50_us: us(self.0.value_at_quantile(0.50)),
+            p95_us: us(self.0.value_at_quantile(0.95)),
             p99_us: us(self.0.value_at_quantile(0.99)),
             p999_us: us(self.0.value_at_quantile(0.999)),
             max_us: us(self.0.max()),
@@ -60,7 +61,7 @@ impl Latency {
     }
 }
 
-/// A histogram's percentiles; `Display` prints them as `calls=.. p50_us=.. p99_us=..
+/// A histogram's percentiles; `Display` prints them as `calls=.. p50_us=.. p95_us=.. p99_us=..
 /// p999_us=.. max_us=..`, the form the benchmark lines (and the scripts that parse them) use.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct LatencySummary {
@@ -68,6 +69,8 @@ pub struct LatencySummary {
     pub calls: u64,
     /// Median, µs.
     pub p50_us: f64,
+    /// 95th percentile, µs.
+    pub p95_us: f64,
     /// 99th percentile, µs.
     pub p99_us: f64,
     /// 99.9th percentile, µs.
@@ -80,8 +83,8 @@ impl fmt::Display for LatencySummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "calls={} p50_us={:.1} p99_us={:.1} p999_us={:.1} max_us={:.1}",
-            self.calls, self.p50_us, self.p99_us, self.p999_us, self.max_us
+            "calls={} p50_us={:.1} p95_us={:.1} p99_us={:.1} p999_us={:.1} max_us={:.1}",
+            self.calls, self.p50_us, self.p95_us, self.p99_us, self.p999_us, self.max_us
         )
     }
 }

@@ -14,6 +14,9 @@
 //! e2e wait     --output T --records N [--group G --input T] [--timeout-s S]
 //! e2e failover --input T --output T --kill PID [--timeout-s S] [--json PATH]
 //! e2e paced    --input T --output T --rows N --rate R [--warmup W] [--keys K] [--json PATH]
+//!              [--fault CMD --fault-after S]
+//! e2e leader   --topic T [--partition P]
+//! e2e in-sync  [--timeout-s S]
 //! e2e delete-topics --topics T1,T2,...
 //! ```
 //!
@@ -125,12 +128,22 @@
 //!   record's append to its output's append; `visible`, from the input's append until the
 //!   reader got the output (under exactly-once this includes the wait for the transaction's
 //!   commit, which `append` does not). Prints `e2e latency ... append_p50_ms=.. visible_..`.
+//!   With `--fault CMD --fault-after S` it runs CMD (`sh -c`; e.g. `scripts/kafka kill 2`) once S
+//!   s of pacing have passed, pacing on meanwhile, and also prints `e2e fault ...
+//!   next_output_ms=.. every_partition_ms=.. max_visible_ms=..`: from the fault until the reader
+//!   had the output of an input appended after it, first on any partition, then on every one
+//!   (an input partition without a leader until the next is elected included), and the slowest
+//!   visible latency of an input appended from 10 s before it on.
+//! - `leader` prints the node id of a partition's leader (the broker a fault run kills);
+//!   `in-sync` waits until every partition of the cluster has a leader and all its replicas in
+//!   its ISR (a killed node back and caught up).
 //! - `delete-topics` deletes the named topics (missing ones are fine).
 //!
 //! The runtime's warnings go to stderr; `--log info` (or `debug`, `trace`) tells more.
 mod failover;
 mod kstate;
 mod measure;
+mod nodes;
 mod paced;
 mod pipe;
 mod setup;
@@ -192,6 +205,10 @@ enum Command {
     Failover(failover::Args),
     /// Measures latency: a warm-up, then records at a fixed rate while reading the output.
     Paced(paced::Args),
+    /// Prints the node id of a partition's leader.
+    Leader(nodes::LeaderArgs),
+    /// Waits until every partition of the cluster has a leader and all its replicas in sync.
+    InSync(nodes::InSyncArgs),
     /// Deletes topics (missing ones are fine).
     DeleteTopics {
         /// The topics, comma-separated.
@@ -225,6 +242,8 @@ fn main() -> Result<()> {
         Command::Wait(args) => wait::run(&client, args),
         Command::Failover(args) => failover::run(&client, args),
         Command::Paced(args) => paced::run(&client, args),
+        Command::Leader(args) => nodes::leader(&client, args),
+        Command::InSync(args) => nodes::in_sync(&client, args),
         Command::DeleteTopics { topics } => {
             let topics: Vec<&str> = topics.split(',').filter(|t| !t.is_empty()).collect();
             Ok(runtime.block_on(delete_topics(client, &topics))?)

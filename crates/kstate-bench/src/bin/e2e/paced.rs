@@ -45,6 +45,17 @@ pub struct Args {
     /// Also write the result, with latency per second, as JSON.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// A fault to inflict while pacing: a shell command (`sh -c`), e.g. one that SIGKILLs a
+    /// broker, run once `--fault-after` seconds of pacing have passed. The pacing goes on while
+    /// it runs; the run fails if it fails.
+    #[arg(long, requires = "fault_after")]
+    fault: Option<String>,
+    /// Seconds of pacing before `--fault` runs.
+    #[arg(long, value_parser = number::<f64>, requires = "fault")]
+    fault_after: Option<f64>,
+    /// Give up after this many seconds without a new output (the application died or hangs).
+    #[arg(long, value_parser = number::<u64>, default_value_t = 90)]
+    stall_s: u64,
 }
 
 /// What `paced --json` writes.
@@ -66,6 +77,50 @@ struct PacedResult {
     /// p50 ms, visible max ms). A latency that grows second after second is a system that does
     /// not keep up with the rate; a flat one with spikes is one that does.
     per_second: Vec<(u64, u64, f64, f64)>,
+    /// With `--fault`: how the output came back after it.
+    fault: Option<FaultRecovery>,
+}
+
+/// How the application's output came back after `--fault` (a broker SIGKILLed, say), on the
+/// wall clock the broker's append times share (one machine).
+#[derive(serde::Serialize)]
+struct FaultRecovery {
+    /// The command.
+    command: String,
+    /// When it started, ms since the epoch.
+    at_ms: i64,
+    /// From its start until the reader had the first output of an input appended after it, on
+    /// any partition: the application's next committed output.
+    next_output_ms: i64,
+    /// The same for every input partition, the slowest: the time until the whole application
+    /// flows again (an input partition whose leader died included).
+    every_partition_ms: i64,
+    /// The slowest visible latency of an input appended from 10 s before the fault on: what a
+    /// record in flight waited.
+    max_visible_ms: i64,
+}
+
+/// A `--fault` started by the paced writer: when, and how its command ended.
+struct Fault {
+    at_ms: i64,
+    done: std::thread::JoinHandle<Result<()>>,
+}
+
+/// Starts `command` (`sh -c`) on a thread of its own.
+fn inflict(command: &str) -> Result<Fault> {
+    let at_ms = now_ms()?;
+    eprintln!("e2e paced: fault at {at_ms} ms: {command}");
+    let command = command.to_string();
+    let done = std::thread::spawn(move || -> Result<()> {
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&command)
+            .status()
+            .with_context(|| format!("--fault {command:?} did not start"))?;
+        ensure!(status.success(), "--fault {command:?} exited {status}");
+        Ok(())
+    });
+    Ok(Fault { at_ms, done })
 }
 
 /// An output as the reader got it: the broker's append time and when the reader had it, ms.
@@ -74,9 +129,6 @@ struct Seen {
     appended: i64,
     visible: i64,
 }
-
-/// How long `paced` waits for a new output before it gives up (the application died or hangs).
-const PACED_STALL: Duration = Duration::from_secs(90);
 
 /// Sets the flag when dropped: stops the paced writer whichever way `paced` returns.
 struct StopOnDrop<'a>(&'a AtomicBool);
@@ -97,7 +149,11 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
         warmup,
         keys,
         json,
+        fault,
+        fault_after,
+        stall_s,
     } = args;
+    let stall = Duration::from_secs(stall_s);
     ensure!(rate > 0.0, "--rate must be positive");
     ensure!(warmup > 0 && warmup < rows, "--warmup must be in 1..{rows}");
     let partitions = partition_count(client.clone(), &input)?;
@@ -122,7 +178,9 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
     let (warm, stop) = (AtomicBool::new(false), AtomicBool::new(false));
     let mut outputs: HashMap<(Vec<u8>, u64), Seen> = HashMap::new();
     let paced_rows = rows - warmup;
-    let write = || -> Result<f64> {
+    let write = || -> Result<(f64, Option<Fault>)> {
+        let mut fault_due = fault.as_deref().zip(fault_after);
+        let mut inflicted = None;
         let mut rng = rand::rngs::StdRng::seed_from_u64(543);
         let mut write_one = |value: &[u8]| {
             let key = wide_key(rng.random_range(0..keys), 8);
@@ -149,6 +207,12 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
                 !stop.load(Ordering::Acquire),
                 "stopped after {sent} paced records"
             );
+            if let Some((command, after)) = fault_due
+                && started.elapsed().as_secs_f64() >= after
+            {
+                inflicted = Some(inflict(command)?);
+                fault_due = None;
+            }
             let due = ((started.elapsed().as_secs_f64() * rate) as u64).min(paced_rows);
             while sent < due {
                 write_one(&[b'p'; 16]);
@@ -161,7 +225,7 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
             .context()
             .wait_for(rows, Duration::from_secs(60))
             .context("paced input")?;
-        Ok(seconds)
+        Ok((seconds, inflicted))
     };
     let read = |outputs: &mut HashMap<(Vec<u8>, u64), Seen>| -> Result<()> {
         let _stop = StopOnDrop(&stop);
@@ -172,14 +236,16 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
                 warm.store(true, Ordering::Release);
             }
             ensure!(
-                last_new.elapsed() < PACED_STALL,
-                "{output}: no new output for {PACED_STALL:?}; {} of {rows} outputs read",
+                last_new.elapsed() < stall,
+                "{output}: no new output for {stall:?}; {} of {rows} outputs read",
                 outputs.len()
             );
-            let Some(message) = consumer.poll(Duration::from_millis(100)) else {
-                continue;
+            let m = match consumer.poll(Duration::from_millis(100)) {
+                None => continue,
+                // A broker that died (`--fault`): the reader fetches from the next leader.
+                Some(Err(e)) if kstate_kafka::error_in_motion(&e) => continue,
+                Some(message) => message?,
             };
-            let m = message?;
             let visible = now_ms()?;
             let count = m
                 .payload()
@@ -196,7 +262,7 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
         }
         Ok(())
     };
-    let paced_seconds = std::thread::scope(|scope| -> Result<f64> {
+    let (paced_seconds, inflicted) = std::thread::scope(|scope| -> Result<(f64, Option<Fault>)> {
         let writer = scope.spawn(write);
         let read_result = read(&mut outputs);
         let written = writer
@@ -211,6 +277,11 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
     let (mut append, mut visible) = (Latency::new(), Latency::new());
     let (mut first_paced, mut last_paced) = (i64::MAX, i64::MIN);
     let mut by_second: BTreeMap<i64, Latency> = BTreeMap::new();
+    let fault_at = inflicted.as_ref().map(|fault| fault.at_ms);
+    // With a fault: per input partition, the first visible output of an input appended after
+    // it; and the slowest visible latency of an input appended from 10 s before it on.
+    let mut resumed: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut max_visible_near_fault = 0i64;
     for ((key, count), seen) in &outputs {
         let Some(&(input_appended, warm_up)) = inputs
             .get(key)
@@ -232,7 +303,42 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
             .entry(input_appended / 1000)
             .or_default()
             .record(ms(seen.visible));
+        if let Some(at) = fault_at {
+            if input_appended >= at - 10_000 {
+                max_visible_near_fault = max_visible_near_fault.max(seen.visible - input_appended);
+            }
+            if input_appended > at {
+                let first = resumed
+                    .entry(kstate_task::partition_for(key, partitions))
+                    .or_insert(i64::MAX);
+                *first = (*first).min(seen.visible);
+            }
+        }
     }
+    let fault = match (inflicted, fault) {
+        (Some(inflicted), Some(command)) => {
+            inflicted
+                .done
+                .join()
+                .map_err(|_| anyhow::anyhow!("the --fault thread panicked"))??;
+            ensure!(
+                resumed.len() == partitions as usize,
+                "after --fault, {} of {partitions} input partitions had an output (pace longer \
+                 after it)",
+                resumed.len()
+            );
+            let at = inflicted.at_ms;
+            Some(FaultRecovery {
+                command,
+                at_ms: at,
+                next_output_ms: resumed.values().min().copied().unwrap_or_default() - at,
+                every_partition_ms: resumed.values().max().copied().unwrap_or_default() - at,
+                max_visible_ms: max_visible_near_fault,
+            })
+        }
+        (None, Some(_)) => bail!("--fault never ran: the pacing ended before --fault-after"),
+        _ => None,
+    };
     let first_second = by_second.keys().next().copied().unwrap_or_default();
     let per_second_latency = by_second
         .iter()
@@ -261,25 +367,35 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
         append: append.summary(),
         visible: visible.summary(),
         per_second: per_second_latency,
+        fault,
     };
     let ms = |us: f64| us / 1e3;
     println!(
         "e2e latency output={} paced={paced_rows} rate={:.0} input_rate={:.0} written_s={:.1} \
-         append_p50_ms={:.0} append_p99_ms={:.0} append_p999_ms={:.0} append_max_ms={:.0} \
-         visible_p50_ms={:.0} visible_p99_ms={:.0} visible_p999_ms={:.0} visible_max_ms={:.0}",
+         append_p50_ms={:.0} append_p95_ms={:.0} append_p99_ms={:.0} append_p999_ms={:.0} \
+         append_max_ms={:.0} visible_p50_ms={:.0} visible_p95_ms={:.0} visible_p99_ms={:.0} \
+         visible_p999_ms={:.0} visible_max_ms={:.0}",
         result.output,
         result.rate,
         result.input_rate,
         paced_seconds,
         ms(result.append.p50_us),
+        ms(result.append.p95_us),
         ms(result.append.p99_us),
         ms(result.append.p999_us),
         ms(result.append.max_us),
         ms(result.visible.p50_us),
+        ms(result.visible.p95_us),
         ms(result.visible.p99_us),
         ms(result.visible.p999_us),
         ms(result.visible.max_us),
     );
+    if let Some(fault) = &result.fault {
+        println!(
+            "e2e fault output={} next_output_ms={} every_partition_ms={} max_visible_ms={}",
+            result.output, fault.next_output_ms, fault.every_partition_ms, fault.max_visible_ms
+        );
+    }
     if let Some(path) = json {
         write_json(&path, &result)?;
     }

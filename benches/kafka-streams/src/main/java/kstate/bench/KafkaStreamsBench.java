@@ -803,7 +803,7 @@ public final class KafkaStreamsBench {
      * (keys k0..k3 in turn, value "v") are produced first (not timed; the count is checked).
      *
      * <p>Settings: at_least_once, num.stream.threads {@code --threads} (2), no standby,
-     * replication.factor 1, state.dir a fresh temp dir, commit.interval.ms Kafka Streams' default
+     * replication.factor -1 (the broker's default), state.dir a fresh temp dir, commit.interval.ms Kafka Streams' default
      * (30 s under at_least_once: the fresh start's processed_s waits for the first commit; kstate
      * commits every 100 ms; {@code --commit-interval-ms MS} sets it), everything else default.
      * The application id is fresh per run (tasks-N-PID-TIME-ks).
@@ -1317,7 +1317,9 @@ public final class KafkaStreamsBench {
         p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
         p.put(StreamsConfig.STATE_DIR_CONFIG, stateDir.toString());
         p.put(StreamsConfig.NUM_STANDBY_REPLICAS_CONFIG, 0);
-        p.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
+        // The broker's default (-1), as kstate's changelogs take it: 1 on the single broker, 3 on
+        // the three-node cluster.
+        p.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, -1);
         p.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
         p.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
         p.put(StreamsConfig.consumerPrefix("auto.offset.reset"), "earliest");
