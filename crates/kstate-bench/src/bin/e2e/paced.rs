@@ -412,7 +412,9 @@ fn read_all(client: &ClientProperties, topic: &str, partitions: i32) -> Result<I
     let mut tpl = TopicPartitionList::new();
     let mut ends = BTreeMap::new();
     for p in 0..partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(30))?;
+        let (low, high) = kstate_kafka::retry_in_motion(Duration::from_secs(60), |left| {
+            consumer.fetch_watermarks(topic, p, left.min(Duration::from_secs(10)))
+        })?;
         if high > low {
             ends.insert(p, high);
             tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
@@ -426,10 +428,12 @@ fn read_all(client: &ClientProperties, topic: &str, partitions: i32) -> Result<I
             started.elapsed() < Duration::from_secs(300),
             "reading {topic} back took more than 5 minutes"
         );
-        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
-            continue;
+        let m = match consumer.poll(Duration::from_millis(100)) {
+            None => continue,
+            // A broker still down after `--fault`: the reader fetches from the new leaders.
+            Some(Err(e)) if kstate_kafka::error_in_motion(&e) => continue,
+            Some(message) => message?,
         };
-        let m = message?;
         let warm_up = m.payload().and_then(|v| v.first()) == Some(&b'w');
         records
             .entry(m.key().unwrap_or_default().to_vec())
