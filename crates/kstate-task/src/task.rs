@@ -280,6 +280,18 @@ impl Task {
         self.advance(record);
     }
 
+    /// Where each input goes on: the record after the last this task took, or its start offset
+    /// in `starts` for an input it took none of yet.
+    pub(crate) fn next_offsets(&self, starts: &BTreeMap<String, i64>) -> Vec<(String, i64)> {
+        starts
+            .iter()
+            .map(|(topic, start)| {
+                let next = self.offsets.get(topic).map_or(*start, |at| at.next);
+                (topic.clone(), next)
+            })
+            .collect()
+    }
+
     fn advance(&mut self, record: &Record<'_>) {
         let next = record.offset + 1;
         match self.offsets.get_mut(record.topic) {
