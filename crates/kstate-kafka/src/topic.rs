@@ -290,7 +290,24 @@ fn verify_topic(
     // Asked again while the cluster is in motion (the broker asked died a moment ago), each
     // time for a few seconds at most so that a later ask can go to another broker: a topic's
     // settings unread would read as not compacted.
+    // After a failed ask, each ask goes through a fresh admin client: librdkafka sends
+    // DescribeConfigs to the broker its metadata names as the controller (KRaft names any live
+    // broker), and a client whose named broker was just killed kept asking it until the open
+    // timed out (tests/cluster_faults.rs in CI).
+    let mut asked = 0;
     let resource = crate::retry_in_motion(config.open_timeout, |left| {
+        asked += 1;
+        let fresh: AdminClient<DefaultClientContext>;
+        let admin = if asked == 1 {
+            admin
+        } else {
+            fresh = config
+                .client
+                .client_config()
+                .create()
+                .map_err(|e| config.client.redact_error(e))?;
+            &fresh
+        };
         let options = AdminOptions::new().request_timeout(Some(left.min(DESCRIBE_ATTEMPT)));
         let topic = ResourceSpecifier::Topic(&config.topic);
         match block_on(admin.describe_configs(&[topic], &options))?
