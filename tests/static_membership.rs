@@ -205,6 +205,34 @@ fn write_round(
     Ok(())
 }
 
+/// A thread writing a round of two records per key every 500 ms until stopped.
+struct Traffic {
+    writing: Arc<AtomicBool>,
+    writer: std::thread::JoinHandle<anyhow::Result<BTreeMap<Vec<u8>, u64>>>,
+}
+
+impl Traffic {
+    fn start(servers: &str, inputs: &[String]) -> Traffic {
+        let writing = Arc::new(AtomicBool::new(true));
+        let (servers, inputs, on) = (servers.to_string(), inputs.to_vec(), writing.clone());
+        let writer = std::thread::spawn(move || {
+            let mut more = BTreeMap::new();
+            while on.load(Ordering::Relaxed) {
+                write_round(&servers, &inputs, 2, &mut more)?;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Ok(more)
+        });
+        Traffic { writing, writer }
+    }
+
+    /// Stops the writer; what it wrote, per key.
+    fn stop(self) -> anyhow::Result<BTreeMap<Vec<u8>, u64>> {
+        self.writing.store(false, Ordering::Relaxed);
+        self.writer.join().expect("the writer panicked")
+    }
+}
+
 fn wait_for_counts(
     servers: &str,
     output: &str,
@@ -509,18 +537,7 @@ async fn standby_failover(name: &str, detection: Option<Duration>) -> anyhow::Re
     let seed = env_number("KSTATE_STANDBY_SEED").unwrap_or_else(|| rand::rng().random());
     eprintln!("{kills} kills under traffic, seed {seed} (KSTATE_STANDBY_SEED to repeat)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let writing = Arc::new(AtomicBool::new(true));
-    let writer = {
-        let (servers, inputs, writing) = (servers.clone(), inputs.clone(), writing.clone());
-        let mut more = BTreeMap::new();
-        std::thread::spawn(move || -> anyhow::Result<BTreeMap<Vec<u8>, u64>> {
-            while writing.load(Ordering::Relaxed) {
-                write_round(&servers, &inputs, 2, &mut more)?;
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            Ok(more)
-        })
-    };
+    let traffic = Traffic::start(&servers, &inputs);
     for _ in 0..kills {
         std::thread::sleep(Duration::from_millis(rng.random_range(1000..3000)));
         copies.check_alive()?;
@@ -600,8 +617,7 @@ async fn standby_failover(name: &str, detection: Option<Duration>) -> anyhow::Re
         );
     }
     std::thread::sleep(Duration::from_secs(2));
-    writing.store(false, Ordering::Relaxed);
-    let more = writer.join().expect("the writer panicked")?;
+    let more = traffic.stop()?;
     for (key, n) in more {
         *truth.entry(key).or_default() += n;
     }
@@ -737,18 +753,7 @@ async fn failure_detection_on_a_cluster_takes_no_broker_fault_for_silence() -> a
         Ok(cluster.leader(&liveness, 0).is_ok())
     })?;
 
-    let writing = Arc::new(AtomicBool::new(true));
-    let writer = {
-        let (servers, inputs, writing) = (s.servers.clone(), s.inputs.clone(), writing.clone());
-        let mut more = BTreeMap::new();
-        std::thread::spawn(move || -> anyhow::Result<BTreeMap<Vec<u8>, u64>> {
-            while writing.load(Ordering::Relaxed) {
-                write_round(&servers, &inputs, 2, &mut more)?;
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            Ok(more)
-        })
-    };
+    let traffic = Traffic::start(&s.servers, &s.inputs);
     let faults = (|| -> anyhow::Result<()> {
         let back_in_sync = Duration::from_secs(180);
         for (what, node) in [
@@ -774,8 +779,7 @@ async fn failure_detection_on_a_cluster_takes_no_broker_fault_for_silence() -> a
         std::thread::sleep(Duration::from_secs(3));
         Ok(())
     })();
-    writing.store(false, Ordering::Relaxed);
-    let more = writer.join().expect("the writer panicked")?;
+    let more = traffic.stop()?;
     faults?;
     s.copies.check_alive()?;
     let wrong: Vec<String> = (0..copies_n)

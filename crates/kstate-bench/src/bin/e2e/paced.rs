@@ -240,11 +240,8 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
                 "{output}: no new output for {stall:?}; {} of {rows} outputs read",
                 outputs.len()
             );
-            let m = match consumer.poll(Duration::from_millis(100)) {
-                None => continue,
-                // A broker that died (`--fault`): the reader fetches from the next leader.
-                Some(Err(e)) if kstate_kafka::error_in_motion(&e) => continue,
-                Some(message) => message?,
+            let Some(m) = poll_through_faults(&consumer)? else {
+                continue;
             };
             let visible = now_ms()?;
             let count = m
@@ -402,6 +399,17 @@ pub fn run(client: &ClientProperties, args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The next record `consumer` has within 100 ms, if any. An error of a cluster in motion (a
+/// broker `--fault` killed, still down) is none: the reader fetches from the new leaders.
+fn poll_through_faults(
+    consumer: &rdkafka::consumer::BaseConsumer,
+) -> Result<Option<rdkafka::message::BorrowedMessage<'_>>> {
+    match consumer.poll(Duration::from_millis(100)) {
+        Some(Err(e)) if kstate_kafka::error_in_motion(&e) => Ok(None),
+        polled => Ok(polled.transpose()?),
+    }
+}
+
 /// Per key, its input records in offset order: (append time, written during the warm-up).
 type InputsByKey = HashMap<Vec<u8>, Vec<(i64, bool)>>;
 
@@ -428,11 +436,8 @@ fn read_all(client: &ClientProperties, topic: &str, partitions: i32) -> Result<I
             started.elapsed() < Duration::from_secs(300),
             "reading {topic} back took more than 5 minutes"
         );
-        let m = match consumer.poll(Duration::from_millis(100)) {
-            None => continue,
-            // A broker still down after `--fault`: the reader fetches from the new leaders.
-            Some(Err(e)) if kstate_kafka::error_in_motion(&e) => continue,
-            Some(message) => message?,
+        let Some(m) = poll_through_faults(&consumer)? else {
+            continue;
         };
         let warm_up = m.payload().and_then(|v| v.first()) == Some(&b'w');
         records
