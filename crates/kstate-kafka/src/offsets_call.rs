@@ -19,9 +19,7 @@ use kstate_core::sync::lock;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{Producer, ThreadedProducer};
-
-use crate::producer::Router;
+use rdkafka::producer::{Producer, ProducerContext, ThreadedProducer};
 
 /// How much longer than the timeout it was given the call may take before it counts as stuck.
 const GRACE: Duration = Duration::from_secs(5);
@@ -75,9 +73,9 @@ enum CallerState {
 
 impl OffsetsCaller {
     /// Adds `offsets` to `producer`'s open transaction, waiting at most `timeout` and the grace.
-    pub(crate) fn call(
+    pub(crate) fn call<C: ProducerContext + 'static>(
         &self,
-        producer: &Arc<ThreadedProducer<Router>>,
+        producer: &Arc<ThreadedProducer<C>>,
         offsets: &GroupOffsets,
         timeout: Duration,
     ) -> OffsetsCall {
@@ -113,7 +111,9 @@ impl OffsetsCaller {
 
 /// Starts the helper thread; it ends when its sender is dropped (with the producer's
 /// transaction state).
-fn start(producer: Arc<ThreadedProducer<Router>>) -> std::io::Result<Sender<Request>> {
+fn start<C: ProducerContext + 'static>(
+    producer: Arc<ThreadedProducer<C>>,
+) -> std::io::Result<Sender<Request>> {
     let (sender, requests) = mpsc::channel::<Request>();
     std::thread::Builder::new()
         .name("kstate-txn-offsets".into())
@@ -121,7 +121,7 @@ fn start(producer: Arc<ThreadedProducer<Router>>) -> std::io::Result<Sender<Requ
     Ok(sender)
 }
 
-fn serve(producer: &ThreadedProducer<Router>, requests: &Receiver<Request>) {
+fn serve<C: ProducerContext>(producer: &ThreadedProducer<C>, requests: &Receiver<Request>) {
     while let Ok(request) = requests.recv() {
         let (offsets, group) = &*request.offsets;
         let result = producer.send_offsets_to_transaction(offsets, group, request.timeout);

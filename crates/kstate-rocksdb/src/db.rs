@@ -24,53 +24,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use rocksdb::{ColumnFamilyDescriptor, DB, Options};
+use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteOptions};
 
 use crate::error::OpenError;
+use crate::layout::{LAYOUT_KEY, Layout, SHARED_LAYOUT_VERSION, TASK_LAYOUT_VERSION};
 use crate::options::RocksDbOptions;
 
 /// The column family that holds metadata records.
 pub const METADATA_CF: &str = "kstate_meta";
 
-/// The metadata record (unprefixed) that names a directory's layout; absent in the store layout.
-pub(crate) const LAYOUT_KEY: &[u8] = b"kstate.layout.version";
-
-/// The layout version of a task's RocksDB.
-pub(crate) const TASK_LAYOUT_VERSION: u32 = 2;
-
-/// The layout version of a RocksDB shared by many tasks.
-pub(crate) const SHARED_LAYOUT_VERSION: u32 = 3;
-
-/// How a directory's stores are laid out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
-    /// One store per directory (data in `default`).
-    Store,
-    /// The stores of one task, one column family each.
-    Task,
-    /// The stores of many tasks: a column family per store name, a key prefix per task.
-    Shared,
-}
-
-impl Layout {
-    /// The version its layout record holds (`None`: it has no record).
-    fn version(self) -> Option<u32> {
-        match self {
-            Layout::Store => None,
-            Layout::Task => Some(TASK_LAYOUT_VERSION),
-            Layout::Shared => Some(SHARED_LAYOUT_VERSION),
-        }
-    }
-}
-
-impl std::fmt::Display for Layout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Layout::Store => "one store per directory",
-            Layout::Task => "a task's stores, one column family each",
-            Layout::Shared => "the stores of many tasks, a key prefix per task",
-        })
-    }
+/// The write options of every write this crate makes: the WAL is disabled (invariant 1 in
+/// DESIGN.md). Not `sync` either: there is no log to sync.
+pub fn wal_free_write_options() -> WriteOptions {
+    let mut opts = WriteOptions::default();
+    opts.disable_wal(true);
+    opts
 }
 
 /// What the column families of a task's stores are named: `store.<name>`.
@@ -381,7 +349,7 @@ fn write_layout(db: &DB, path: &Path, version: u32) -> Result<(), OpenError> {
         meta,
         LAYOUT_KEY,
         version.to_be_bytes(),
-        &crate::store::wal_free_write_options(),
+        &wal_free_write_options(),
     )
     .map_err(failed)?;
     let mut flush = rocksdb::FlushOptions::default();

@@ -84,9 +84,9 @@ pub enum OpenError {
         /// The directory.
         path: PathBuf,
         /// What it holds.
-        found: crate::Layout,
+        found: crate::layout::Layout,
         /// What was asked for.
-        wanted: crate::Layout,
+        wanted: crate::layout::Layout,
     },
 
     /// The directory's layout record or a store name is unusable.

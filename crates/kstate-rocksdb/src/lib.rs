@@ -29,18 +29,21 @@
 
 mod db;
 mod error;
+mod layout;
 mod options;
+mod part;
 mod pending;
 mod shared_db;
 mod store;
 mod task_db;
 
-pub use db::{Layout, METADATA_CF};
+pub use db::{METADATA_CF, wal_free_write_options};
 pub use error::OpenError;
+pub use layout::Layout;
 pub use options::{Compression, MemoryBudget, RocksDbOptions};
 pub use pending::{PendingCharge, PendingMemory};
 /// The `rocksdb` crate this one is built on, for benchmarks that compare against it.
 pub use rocksdb;
 pub use shared_db::SharedDb;
-pub use store::{RocksDbStore, wal_free_write_options};
+pub use store::RocksDbStore;
 pub use task_db::TaskDb;

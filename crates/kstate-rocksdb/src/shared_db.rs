@@ -33,10 +33,12 @@ use std::sync::{Arc, Mutex};
 use kstate_core::sync::lock;
 use rocksdb::{IteratorMode, ReadOptions};
 
-use crate::db::{Db, Layout, METADATA_CF};
+use crate::db::{Db, METADATA_CF};
 use crate::error::OpenError;
+use crate::layout::Layout;
 use crate::options::RocksDbOptions;
-use crate::task_db::{Part, TaskDb, store_families};
+use crate::part::{Lease, Part};
+use crate::task_db::{TaskDb, store_families};
 
 /// The first byte of every task's metadata key in a shared RocksDB (the layout record's key
 /// starts with `k`, so the two never meet).
@@ -56,18 +58,6 @@ impl std::fmt::Debug for SharedDb {
             .field("path", &self.db.path)
             .field("tasks_open", &lock(&self.held).len())
             .finish()
-    }
-}
-
-/// Holds one task of a shared RocksDB open; dropping the last handle on the task releases it.
-pub(crate) struct Lease {
-    held: Arc<Mutex<BTreeSet<u32>>>,
-    task: u32,
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        lock(&self.held).remove(&self.task);
     }
 }
 

@@ -48,17 +48,11 @@ use std::time::Instant;
 use kstate_core::{Batch, EntryIter, Error, KeyRange, KeyValueStore, Order, Result};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
-use crate::db::{Db, INGEST_PREFIX, INGEST_SUFFIX, Layout, METADATA_CF};
+use crate::db::{Db, INGEST_PREFIX, INGEST_SUFFIX, METADATA_CF, wal_free_write_options};
 use crate::error::OpenError;
+use crate::layout::Layout;
 use crate::options::RocksDbOptions;
-
-/// The write options of every write this crate makes: the WAL is disabled (invariant 1 in
-/// DESIGN.md). Not `sync` either: there is no log to sync.
-pub fn wal_free_write_options() -> WriteOptions {
-    let mut opts = WriteOptions::default();
-    opts.disable_wal(true);
-    opts
-}
+use crate::part::{Lease, Prefixes};
 
 /// A RocksDB-backed [`KeyValueStore`] that never writes a WAL: a directory of its own
 /// ([`RocksDbStore::open`]), one column family of a task's RocksDB
@@ -79,7 +73,7 @@ pub struct RocksDbStore {
     /// since the RocksDB opened).
     written: Arc<AtomicU64>,
     /// Keeps its task open in a shared RocksDB while this handle lives.
-    _lease: Option<Arc<crate::shared_db::Lease>>,
+    _lease: Option<Arc<Lease>>,
 }
 
 impl std::fmt::Debug for RocksDbStore {
@@ -542,14 +536,6 @@ fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
 /// How many entries of a task's store in a shared RocksDB `approximate_len` counts before it
 /// estimates instead.
 const COUNTED_LEN: usize = 10_000;
-
-/// The key prefixes of a store handle, and the lease that keeps its task open.
-#[derive(Default)]
-pub(crate) struct Prefixes {
-    pub(crate) keys: Vec<u8>,
-    pub(crate) metadata: Vec<u8>,
-    pub(crate) lease: Option<Arc<crate::shared_db::Lease>>,
-}
 
 impl KeyValueStore for RocksDbStore {
     fn name(&self) -> &str {

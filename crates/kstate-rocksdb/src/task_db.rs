@@ -28,11 +28,13 @@ use std::sync::Arc;
 
 use std::path::PathBuf;
 
-use crate::db::{Db, Layout, store_cf};
+use crate::db::{Db, store_cf};
 use crate::error::OpenError;
+use crate::layout::Layout;
 use crate::options::RocksDbOptions;
-use crate::shared_db::Lease;
-use crate::store::{Prefixes, RocksDbStore};
+use crate::part::Part;
+use crate::part::Prefixes;
+use crate::store::RocksDbStore;
 
 /// The RocksDB of one task, or its part of a RocksDB many tasks share: its stores as column
 /// families. Cloning shares it; the directory's lock (the task's lease, in a shared RocksDB) is
@@ -45,14 +47,6 @@ pub struct TaskDb {
     path: PathBuf,
     /// In a shared RocksDB: the task's key prefix, its metadata prefix, and its lease.
     part: Option<Part>,
-}
-
-/// A task's part of a shared RocksDB.
-#[derive(Clone)]
-pub(crate) struct Part {
-    pub(crate) keys: Vec<u8>,
-    pub(crate) metadata: Vec<u8>,
-    pub(crate) lease: Arc<Lease>,
 }
 
 impl std::fmt::Debug for TaskDb {

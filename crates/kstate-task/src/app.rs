@@ -8,13 +8,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use kstate_core::sync::lock;
-use kstate_kafka::{ConnectionWatch, LoggedStore};
+use kstate_kafka::ConnectionWatch;
 use kstate_rocksdb::SharedDb;
 use rdkafka::consumer::BaseConsumer;
 
-use crate::config::{AppConfig, ProcessorFactory};
+use crate::config::AppConfig;
 use crate::error::{TaskError, panic_message};
-use crate::query::{QueryError, Queryable};
+use crate::processor::ProcessorFactory;
 use crate::readiness::Readiness;
 use crate::shared::{AppShared, AppState};
 use crate::standby::StandbyStatus;
@@ -230,7 +230,7 @@ fn spawn_thread(
 
 /// A running application.
 pub struct Running {
-    shared: Arc<AppShared>,
+    pub(crate) shared: Arc<AppShared>,
     /// The workers' and the restorers' threads.
     threads: Mutex<Vec<JoinHandle<()>>>,
     state: tokio::sync::watch::Receiver<AppState>,
@@ -345,28 +345,6 @@ impl Running {
     /// partitioner ([`partition_for`](crate::partition_for)).
     pub fn partition_for(&self, key: &[u8]) -> i32 {
         crate::partitioner::partition_for(key, self.shared.partitions)
-    }
-
-    /// Read-only queries of a store, routed to the task that owns a partition: a
-    /// [`StoreQuery`](crate::StoreQuery) for a key-value store's handle, a [`WindowQuery`](crate::WindowQuery)
-    /// for a window store's, a [`SessionQuery`](crate::SessionQuery) for a session store's.
-    pub fn query<H: Queryable>(&self, handle: &H) -> H::Query<'_> {
-        handle.query(self)
-    }
-
-    /// Task `partition`'s logged store `name`, if the task is running here.
-    pub(crate) fn running_store(
-        &self,
-        partition: i32,
-        name: &str,
-    ) -> Result<Arc<LoggedStore>, QueryError> {
-        self.shared
-            .registry
-            .store(partition, name)
-            .ok_or_else(|| QueryError::NotHere {
-                store: name.to_string(),
-                partition,
-            })
     }
 }
 

@@ -33,9 +33,6 @@ use kstate_core::{
 use kstate_kafka::{ChangelogConfig, ClientProperties, ProducerConfig, RestoreListener};
 use kstate_rocksdb::RocksDbOptions;
 
-use crate::ids::TaskId;
-use crate::processor::Processor;
-
 /// The group protocol the workers' consumers speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupProtocol {
@@ -178,9 +175,6 @@ pub(crate) struct StoreSpec {
     pub(crate) options: StoreOptions,
     pub(crate) kind: StoreKind,
 }
-
-/// Makes the processor of each task.
-pub type ProcessorFactory = Arc<dyn Fn(TaskId) -> Box<dyn Processor> + Send + Sync>;
 
 /// How long the transaction coordinator may take, after a transaction timed out, to abort it
 /// (`transaction.abort.timed.out.transaction.cleanup.interval.ms`, 10 s by default): a crashed

@@ -81,13 +81,12 @@ mod worker;
 pub use app::{App, Running};
 pub use builder::AppBuilder;
 pub use config::{
-    ErrorPolicy, GroupProtocol, ParseGuaranteeError, ProcessingGuarantee, ProcessorFactory,
-    StoreOptions,
+    ErrorPolicy, GroupProtocol, ParseGuaranteeError, ProcessingGuarantee, StoreOptions,
 };
 pub use error::{ProcessorStep, TaskError};
 pub use ids::{Record, TaskId, TimerId};
 pub use partitioner::partition_for;
-pub use processor::{Context, Processor};
+pub use processor::{Context, Processor, ProcessorFactory};
 pub use query::{QueryError, Queryable, SessionQuery, StoreQuery, WindowQuery};
 pub use readiness::Readiness;
 pub use shared::AppState;

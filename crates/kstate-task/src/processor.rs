@@ -10,6 +10,7 @@
 //! exactly-once.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kstate_core::codec::{Bincode, Codec, OrderedKey};
@@ -23,6 +24,9 @@ use crate::stores::{
     TtlHandle, WindowHandle,
 };
 use crate::timers::{TimeKind, Timer, Timers};
+
+/// Makes the processor of each task.
+pub type ProcessorFactory = Arc<dyn Fn(TaskId) -> Box<dyn Processor> + Send + Sync>;
 
 /// What a task runs. One processor per task, made by the application's factory.
 pub trait Processor: Send {

@@ -8,9 +8,11 @@
 //! have expired by then are invisible, as they are to the task.
 
 use std::ops::RangeBounds;
+use std::sync::Arc;
 
 use kstate_core::codec::{Bincode, Codec, OrderedKey};
 use kstate_core::{KeyValueStore, Session, SessionStore, Store, WindowEntry, WindowStore};
+use kstate_kafka::LoggedStore;
 
 use crate::app::Running;
 use crate::stores::{SessionHandle, StoreHandle, WindowHandle};
@@ -30,6 +32,30 @@ pub enum QueryError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] kstate_core::Error),
+}
+
+impl Running {
+    /// Read-only queries of a store, routed to the task that owns a partition: a
+    /// [`StoreQuery`](crate::StoreQuery) for a key-value store's handle, a [`WindowQuery`](crate::WindowQuery)
+    /// for a window store's, a [`SessionQuery`](crate::SessionQuery) for a session store's.
+    pub fn query<H: Queryable>(&self, handle: &H) -> H::Query<'_> {
+        handle.query(self)
+    }
+
+    /// Task `partition`'s logged store `name`, if the task is running here.
+    pub(crate) fn running_store(
+        &self,
+        partition: i32,
+        name: &str,
+    ) -> Result<Arc<LoggedStore>, QueryError> {
+        self.shared
+            .registry
+            .store(partition, name)
+            .ok_or_else(|| QueryError::NotHere {
+                store: name.to_string(),
+                partition,
+            })
+    }
 }
 
 /// A store handle [`Running::query`] reads through: each kind of store has its query.

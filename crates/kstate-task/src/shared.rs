@@ -8,8 +8,9 @@ use kstate_core::sync::lock;
 
 use kstate_rocksdb::SharedDb;
 
-use crate::config::{AppConfig, ProcessorFactory};
+use crate::config::AppConfig;
 use crate::error::TaskError;
+use crate::processor::ProcessorFactory;
 use crate::standby::Standbys;
 use crate::status::Registry;
 

@@ -38,9 +38,10 @@ use kstate_kafka::{LoggedStore, RestoredStore, SharedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::cache::CoalescingStore;
-use crate::config::{ProcessorFactory, StoreSpec};
+use crate::config::StoreSpec;
 use crate::error::{ProcessorStep, TaskError, panic_message};
 use crate::ids::{InputPartition, Record, TaskId};
+use crate::processor::ProcessorFactory;
 use crate::processor::{Context, Latest, Processor};
 use crate::status::CommittedSoFar;
 use crate::stores::{SWEEP_PER_COMMIT, TaskStore, Timed};

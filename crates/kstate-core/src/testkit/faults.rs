@@ -404,7 +404,7 @@ pub fn check_sessions<H: Faults>(harness: &mut H, cases: u32) {
 }
 
 /// Sequences that once broke an engine, run as they are on window and session stores.
-fn known_sequences() -> Vec<(&'static str, Vec<FaultOp>)> {
+pub(super) fn known_sequences() -> Vec<(&'static str, Vec<FaultOp>)> {
     use FaultOp::{Commit, Crash, Observe, Put, Read};
     vec![
         (
@@ -420,11 +420,12 @@ fn known_sequences() -> Vec<(&'static str, Vec<FaultOp>)> {
     ]
 }
 
-/// Runs [`known_sequences`] on window, session and TTL stores over `harness`'s stores. Panics
-/// naming the sequence and the step where the engine disagrees with the model.
-pub fn check_known_sequences<H: Faults>(harness: &mut H) {
-    let sequences = known_sequences();
-    super::ttl_faults::check_known_sequences(harness, &sequences);
+/// Runs `sequences` on window and session stores over `harness`'s stores. Panics naming the
+/// sequence and the step where the engine disagrees with the model.
+pub(super) fn check_sequences_of_windows_and_sessions<H: Faults>(
+    harness: &mut H,
+    sequences: Vec<(&'static str, Vec<FaultOp>)>,
+) {
     for (what, ops) in sequences {
         if let Err(e) = run_ops::<H, WindowStore<H::Store>>(harness, &ops) {
             panic!("a window store, {what} ({ops:?}): {e}");
@@ -433,40 +434,4 @@ pub fn check_known_sequences<H: Faults>(harness: &mut H) {
             panic!("a session store, {what} ({ops:?}): {e}");
         }
     }
-}
-
-/// Generates the fault model tests (window, session and TTL stores under random commits,
-/// aborts and crashes) for the engine whose [`Faults`] harness the expression builds.
-#[macro_export]
-macro_rules! fault_tests {
-    ($harness:expr, cases = $cases:expr) => {
-        mod faults {
-            #[allow(unused_imports)]
-            use super::*;
-
-            #[test]
-            fn window_stores_under_aborts_and_crashes_match_a_model() {
-                let mut harness = $harness;
-                $crate::testkit::faults::check_windows(&mut harness, $cases);
-            }
-
-            #[test]
-            fn session_stores_under_aborts_and_crashes_match_a_model() {
-                let mut harness = $harness;
-                $crate::testkit::faults::check_sessions(&mut harness, $cases);
-            }
-
-            #[test]
-            fn ttl_stores_under_aborts_and_crashes_match_a_model() {
-                let mut harness = $harness;
-                $crate::testkit::ttl_faults::check_ttl(&mut harness, $cases);
-            }
-
-            #[test]
-            fn sequences_that_once_broke_an_engine_match_the_model() {
-                let mut harness = $harness;
-                $crate::testkit::faults::check_known_sequences(&mut harness);
-            }
-        }
-    };
 }

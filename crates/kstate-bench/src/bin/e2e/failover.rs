@@ -15,7 +15,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::reader;
+use crate::common::reader;
 
 /// `e2e failover`'s flags.
 #[derive(Debug, clap::Args)]

@@ -10,7 +10,7 @@ use kstate_bench::topology::{count_by_key, windowed_count, windowed_updates};
 use kstate_kafka::ClientProperties;
 use kstate_task::{App, AppState, ProcessingGuarantee};
 
-use crate::e2e_windows;
+use crate::common::e2e_windows;
 
 /// `e2e kstate`'s flags.
 #[derive(Debug, clap::Args)]

@@ -140,6 +140,7 @@
 //! - `delete-topics` deletes the named topics (missing ones are fine).
 //!
 //! The runtime's warnings go to stderr; `--log info` (or `debug`, `trace`) tells more.
+mod common;
 mod failover;
 mod kstate;
 mod measure;
@@ -150,15 +151,10 @@ mod setup;
 mod wait;
 mod window_check;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use kstate_bench::cli::{ClusterArgs, number};
-use kstate_bench::kafka::{LOG_APPEND_TIME, create_client, create_topic, delete_topics};
-use kstate_core::WindowOptions;
-use kstate_kafka::ClientProperties;
-use rdkafka::consumer::BaseConsumer;
+use kstate_bench::kafka::{LOG_APPEND_TIME, create_topic, delete_topics};
 
 /// The end-to-end and failover benchmarks' kstate side, the bare-rdkafka baseline, and the
 /// measures every system is judged by (benches/kafka-streams/compare.sh, failover.sh).
@@ -249,31 +245,6 @@ fn main() -> Result<()> {
             Ok(runtime.block_on(delete_topics(client, &topics))?)
         }
     }
-}
-
-/// The windowed runs' windows, as Kafka Streams' side has them (`KafkaStreamsBench.E2E_WINDOWS`):
-/// tumbling, one minute, a grace of 10 s.
-fn e2e_windows() -> WindowOptions {
-    WindowOptions::tumbling(Duration::from_secs(60)).grace(Duration::from_secs(10))
-}
-
-/// A consumer outside any application's group, for reading outputs back: committed records
-/// only (librdkafka's default, stated here because `measure` depends on it).
-fn reader(client: &ClientProperties) -> Result<BaseConsumer> {
-    Ok(create_client(
-        client,
-        &[
-            ("group.id", "kstate-e2e-measure"),
-            ("enable.auto.commit", "false"),
-            ("isolation.level", "read_committed"),
-        ],
-        "reader",
-    )?)
-}
-
-/// A timestamp on the machine's wall clock (the broker's clock too: it runs here), ms.
-fn now_ms() -> Result<i64> {
-    Ok(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64)
 }
 
 #[cfg(test)]

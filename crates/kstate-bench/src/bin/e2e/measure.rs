@@ -16,7 +16,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::reader;
+use crate::common::reader;
 use crate::window_check::WindowedInput;
 
 /// `e2e measure`'s flags.

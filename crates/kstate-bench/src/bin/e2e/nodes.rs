@@ -8,7 +8,7 @@ use kstate_bench::cli::number;
 use kstate_kafka::ClientProperties;
 use rdkafka::consumer::Consumer;
 
-use crate::reader;
+use crate::common::reader;
 
 /// `e2e leader`'s flags.
 #[derive(Debug, clap::Args)]

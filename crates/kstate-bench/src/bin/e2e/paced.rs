@@ -19,7 +19,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::{now_ms, reader};
+use crate::common::{now_ms, reader};
 
 /// `e2e paced`'s flags.
 #[derive(Debug, clap::Args)]

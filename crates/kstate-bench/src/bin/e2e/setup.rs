@@ -11,7 +11,7 @@ use kstate_kafka::ClientProperties;
 use rand::{Rng, SeedableRng};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 
-use crate::now_ms;
+use crate::common::now_ms;
 
 /// `e2e setup`'s flags.
 #[derive(Debug, clap::Args)]

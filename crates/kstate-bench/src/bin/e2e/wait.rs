@@ -11,7 +11,7 @@ use kstate_kafka::ClientProperties;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::reader;
+use crate::common::reader;
 
 /// `e2e wait`'s flags.
 #[derive(Debug, clap::Args)]

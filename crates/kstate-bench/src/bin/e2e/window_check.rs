@@ -12,7 +12,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::{e2e_windows, reader};
+use crate::common::{e2e_windows, reader};
 
 /// The windowed runs' input read back: what each window's final count must be, and when it
 /// closes.
