@@ -1,6 +1,6 @@
 //! prometheus: an application's metrics and readiness, served the way operators consume them.
 //!
-//! kstate reports through the `metrics` facade (the series are listed in the README's
+//! kstate reports through the `metrics` facade (the series are listed in docs/runtime.md,
 //! "Metrics and health"); any recorder can take them. Here a Prometheus recorder renders them
 //! at `/metrics`, and `/health` answers an orchestrator's readiness probe from
 //! `Running::readiness`: `200` once every task runs, `503` while the group has not assigned

@@ -1,4 +1,4 @@
-//! Every example answers `--help`, and each runs its smallest form against the broker and does
+//! Every example answers `--help` (`hello_count` takes no argument), and each runs its smallest form against the broker and does
 //! what its doc comment says. Those that end on their own print their result; `windowed_count`
 //! runs until SIGTERM, so its test stops it and checks the clean exit. (`count_by_key` and
 //! `prometheus` also run until stopped: `tests/task_failover.rs` and `tests/prometheus.rs` run
@@ -48,6 +48,16 @@ fn every_example_answers_help() -> anyhow::Result<()> {
         let help = run(name, &["--help"])?;
         ensure!(help.contains("Usage:"), "{name} --help printed:\n{help}");
     }
+    Ok(())
+}
+
+#[test]
+fn hello_count_counts_every_word_of_its_lines() -> anyhow::Result<()> {
+    let out = run("hello_count", &[])?;
+    ensure!(
+        out == "kafka: 3\nstreams: 2\nhello: 1\n",
+        "hello_count printed:\n{out}"
+    );
     Ok(())
 }
 

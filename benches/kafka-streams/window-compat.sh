@@ -26,7 +26,7 @@
 # With the default retention (a day) every window of the input is live in both stores, so the
 # comparison covers all of them. A retention shorter than the input's span compares the
 # retention boundary too: which windows each system still shows once stream time has moved on
-# (README.md, "Window stores", says where the two differ).
+# (docs/runtime.md, "Time in state", says where the two differ).
 #
 # Environment:
 #   RECORDS (200000), KEYS (1000), MINUTES (30), PARTITIONS (4)   the input
