@@ -22,7 +22,7 @@ use crate::shared::AppShared;
 use crate::status::Progress;
 use crate::task::Task;
 use crate::worker::commit::{CommitPath, Committed, Occasion};
-use crate::worker::failure::{Failure, classify};
+use crate::worker::failure::{Failure, Reaction, classify, react};
 use crate::worker::health::{Health, ProducerLosses};
 use crate::worker::input::Input;
 use crate::worker::retries::Retries;
@@ -699,36 +699,41 @@ impl Core {
         record: Option<&Record<'_>>,
         error: TaskError,
     ) {
-        match classify(&error) {
-            Failure::Record => match record {
-                Some(record) if self.app.config.error_policy != ErrorPolicy::Fail => {
-                    if self.path.shared_fate() {
-                        // Undo the record's partial effects first; when it comes again, the
-                        // policy takes it (inside the transaction that carries its offset).
-                        tracing::warn!(worker = self.index, error = %error, "a record failed: aborting, then the error policy takes it");
-                        self.failed_records.push(FailedRecord {
-                            input: InputPartition::new(record.topic, record.partition),
-                            offset: record.offset,
-                            error,
-                            applied: false,
-                        });
-                        if self.abandon("a record failed") {
-                            self.rewind(input);
-                        }
-                    } else {
-                        self.skip_or_dead_letter(record, &error);
+        let failure = classify(&error);
+        let policy = &self.app.config.error_policy;
+        match react(&failure, self.path.shared_fate(), policy, record.is_some()) {
+            Reaction::ErrorPolicy => match record {
+                Some(record) => self.skip_or_dead_letter(record, &error),
+                None => self.fail(error),
+            },
+            Reaction::AbortThenErrorPolicy => match record {
+                // Undo the record's partial effects first; when it comes again, the policy
+                // takes it (inside the transaction that carries its offset).
+                Some(record) => {
+                    tracing::warn!(worker = self.index, error = %error, "a record failed: aborting, then the error policy takes it");
+                    self.failed_records.push(FailedRecord {
+                        input: InputPartition::new(record.topic, record.partition),
+                        offset: record.offset,
+                        error,
+                        applied: false,
+                    });
+                    if self.abandon("a record failed") {
+                        self.rewind(input);
                     }
                 }
-                _ => self.fail(error),
+                None => self.fail(error),
             },
-            Failure::Transient if self.path.shared_fate() => {
+            Reaction::AbortAndStartOver => {
                 let why = error.to_string();
                 if self.abandon(&why) {
                     self.start_over(input, why);
                 }
             }
-            Failure::Transient | Failure::Fatal => self.fail(error),
-            Failure::Corrupted { store } => {
+            Reaction::RestoreAgain => {
+                let store = match failure {
+                    Failure::Corrupted { store } => store,
+                    _ => None,
+                };
                 let partition = store
                     .and_then(|s| self.slots.task_with_store(&s))
                     .or(record.map(|r| r.partition));
@@ -737,7 +742,8 @@ impl Core {
                     None => self.fail(error),
                 }
             }
-            Failure::ProducerLost { .. } => self.producer_failed(error),
+            Reaction::ReplaceProducer => self.producer_failed(error),
+            Reaction::Fail => self.fail(error),
         }
     }
 

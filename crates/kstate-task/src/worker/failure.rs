@@ -8,6 +8,8 @@
 //! | the producer cannot go on | — | drop every task, new producer, rejoin |
 //! | anything else (a panic, a denied write, a missing topic) | fail | fail |
 //!
+//! [`react`] is this table, and the worker's only answer to a task's failure.
+//!
 //! A record's own failures are the ones that would fail the same way every time: the processor
 //! returned an error (a value that does not decode among them), or an output cannot ever be
 //! sent (larger than `message.max.bytes`, to a partition the topic lacks). Only a failure that
@@ -20,6 +22,7 @@ use kstate_kafka::{ChangelogError, TransactionError};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
+use crate::config::ErrorPolicy;
 use crate::error::TaskError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +39,49 @@ pub(crate) enum Failure {
     ProducerLost { fenced: bool },
     /// Nothing a retry or a skip can fix.
     Fatal,
+}
+
+/// What the worker does about a task's failure: the table in the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reaction {
+    /// At-least-once: the error policy takes the record now (skipped, or dead-lettered).
+    ErrorPolicy,
+    /// Exactly-once: abort (the record's partial effects go) and rewind; the error policy takes
+    /// the record when it comes again, inside the transaction that carries its offset.
+    AbortThenErrorPolicy,
+    /// Exactly-once: abort, and every running task starts over from its committed offsets
+    /// (after a back-off, a bounded number of times in a row).
+    AbortAndStartOver,
+    /// The task holding the store (or the record's task) restores again.
+    RestoreAgain,
+    /// Every task is dropped and restored in place with a new producer.
+    ReplaceProducer,
+    /// The worker fails with the error.
+    Fail,
+}
+
+/// The reaction to `failure`: `shared_fate`, every task's work is in one transaction
+/// (exactly-once); `on_record`, a record was being processed when it happened.
+pub(crate) fn react(
+    failure: &Failure,
+    shared_fate: bool,
+    policy: &ErrorPolicy,
+    on_record: bool,
+) -> Reaction {
+    match failure {
+        Failure::Record if on_record && *policy != ErrorPolicy::Fail => {
+            if shared_fate {
+                Reaction::AbortThenErrorPolicy
+            } else {
+                Reaction::ErrorPolicy
+            }
+        }
+        Failure::Record | Failure::Fatal => Reaction::Fail,
+        Failure::Transient if shared_fate => Reaction::AbortAndStartOver,
+        Failure::Transient => Reaction::Fail,
+        Failure::Corrupted { .. } => Reaction::RestoreAgain,
+        Failure::ProducerLost { .. } => Reaction::ReplaceProducer,
+    }
 }
 
 pub(crate) fn classify(error: &TaskError) -> Failure {
@@ -172,6 +218,72 @@ mod tests {
             task: TASK,
             step: ProcessorStep::Init,
             source: Box::new(error),
+        }
+    }
+
+    const SKIP: ErrorPolicy = ErrorPolicy::LogAndContinue;
+    const EXACTLY_ONCE: bool = true;
+    const AT_LEAST_ONCE: bool = false;
+    const ON_RECORD: bool = true;
+
+    #[test]
+    fn a_records_own_failure_at_least_once_goes_to_the_error_policy_at_once() {
+        let dead_letter = ErrorPolicy::DeadLetter("dlq".into());
+        for policy in [SKIP, dead_letter] {
+            let reaction = react(&Failure::Record, AT_LEAST_ONCE, &policy, ON_RECORD);
+            assert_eq!(reaction, Reaction::ErrorPolicy, "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn a_records_own_failure_exactly_once_aborts_first_and_the_policy_takes_it_again() {
+        let reaction = react(&Failure::Record, EXACTLY_ONCE, &SKIP, ON_RECORD);
+        assert_eq!(reaction, Reaction::AbortThenErrorPolicy);
+    }
+
+    #[test]
+    fn a_records_own_failure_fails_under_the_fail_policy_or_with_no_record_at_hand() {
+        for shared in [AT_LEAST_ONCE, EXACTLY_ONCE] {
+            let fail = react(&Failure::Record, shared, &ErrorPolicy::Fail, ON_RECORD);
+            assert_eq!(fail, Reaction::Fail);
+            let no_record = react(&Failure::Record, shared, &SKIP, false);
+            assert_eq!(no_record, Reaction::Fail);
+        }
+    }
+
+    #[test]
+    fn a_transient_failure_aborts_and_starts_over_exactly_once_and_fails_at_least_once() {
+        let eos = react(&Failure::Transient, EXACTLY_ONCE, &SKIP, ON_RECORD);
+        assert_eq!(eos, Reaction::AbortAndStartOver);
+        let alos = react(&Failure::Transient, AT_LEAST_ONCE, &SKIP, ON_RECORD);
+        assert_eq!(alos, Reaction::Fail);
+    }
+
+    #[test]
+    fn a_store_that_disagrees_with_its_changelog_restores_again_under_either_guarantee() {
+        let corrupted = Failure::Corrupted {
+            store: Some("counts".into()),
+        };
+        for shared in [AT_LEAST_ONCE, EXACTLY_ONCE] {
+            let reaction = react(&corrupted, shared, &ErrorPolicy::Fail, ON_RECORD);
+            assert_eq!(reaction, Reaction::RestoreAgain);
+        }
+    }
+
+    #[test]
+    fn a_lost_producer_is_replaced_whether_fenced_or_not() {
+        for fenced in [true, false] {
+            let lost = Failure::ProducerLost { fenced };
+            let reaction = react(&lost, EXACTLY_ONCE, &SKIP, false);
+            assert_eq!(reaction, Reaction::ReplaceProducer);
+        }
+    }
+
+    #[test]
+    fn anything_else_fails_whatever_the_policy() {
+        for shared in [AT_LEAST_ONCE, EXACTLY_ONCE] {
+            let reaction = react(&Failure::Fatal, shared, &SKIP, ON_RECORD);
+            assert_eq!(reaction, Reaction::Fail);
         }
     }
 
