@@ -14,7 +14,6 @@ use rdkafka::consumer::CommitMode;
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::config::ErrorPolicy;
 use crate::error::TaskError;
 use crate::ids::{InputPartition, Record, TaskId};
 use crate::restorer::{Batch, Done, Job};
@@ -22,6 +21,7 @@ use crate::shared::AppShared;
 use crate::status::Progress;
 use crate::task::Task;
 use crate::worker::commit::{CommitPath, Committed, Occasion};
+use crate::worker::dead_letters::{self, DeadLetters};
 use crate::worker::failure::{Failure, Reaction, classify, react};
 use crate::worker::health::{Health, ProducerLosses};
 use crate::worker::input::Input;
@@ -41,27 +41,6 @@ pub(crate) const CONFIRM_RETRY: Duration = Duration::from_millis(50);
 /// The longest one look at the group's offsets may take before the commit is sent again.
 const CONFIRM_QUERY: Duration = Duration::from_secs(2);
 
-/// Kafka Streams' dead-letter headers (KIP-1034), so that tools made for its dead-letter
-/// queues read ours; and the task, which it does not name.
-const DEAD_LETTER_EXCEPTION: &str = "__streams.errors.exception";
-const DEAD_LETTER_MESSAGE: &str = "__streams.errors.message";
-const DEAD_LETTER_TOPIC: &str = "__streams.errors.topic";
-const DEAD_LETTER_PARTITION: &str = "__streams.errors.partition";
-const DEAD_LETTER_OFFSET: &str = "__streams.errors.offset";
-const DEAD_LETTER_TASK: &str = "__kstate.errors.task";
-
-/// Exactly-once: a record whose own failure an abort undid; each time it comes again until
-/// a transaction that carries its offset commits, the error policy handles it instead of the
-/// processor. It is kept until then, as a later record's failure aborts the transaction that
-/// holds its dead letter too, and the input replays it once more.
-struct FailedRecord {
-    input: InputPartition,
-    offset: i64,
-    error: TaskError,
-    /// The error policy took it in the open transaction.
-    applied: bool,
-}
-
 /// A worker's state.
 pub(crate) struct Core {
     pub(crate) index: usize,
@@ -77,7 +56,7 @@ pub(crate) struct Core {
     pub(crate) health: Health,
     losses: ProducerLosses,
     retries: Retries,
-    failed_records: Vec<FailedRecord>,
+    dead_letters: DeadLetters,
     /// Restores in a row per task whose stores disagreed with their changelogs.
     restores: BTreeMap<i32, u32>,
     /// After an abort: nothing is processed before this.
@@ -106,7 +85,7 @@ impl Core {
             health: Health::Ok,
             losses: ProducerLosses::default(),
             retries: Retries::default(),
-            failed_records: Vec::new(),
+            dead_letters: DeadLetters::default(),
             restores: BTreeMap::new(),
             backoff_until: None,
             unconfirmed: None,
@@ -306,8 +285,7 @@ impl Core {
         touched.sort_unstable();
         touched.dedup();
         // Its next owner meets its failing records on its own.
-        self.failed_records
-            .retain(|f| !touched.contains(&f.input.partition));
+        self.dead_letters.forget(&touched);
         let still_held: Vec<InputPartition> = self
             .slots
             .held()
@@ -339,7 +317,7 @@ impl Core {
                 if !shared {
                     self.unconfirmed = Some(sent);
                 }
-                self.failed_records.retain(|f| !f.applied);
+                self.dead_letters.committed();
                 (true, false)
             }
             Ok(Committed::Aborted(why)) => {
@@ -589,15 +567,9 @@ impl Core {
     }
 
     fn process(&mut self, input: &dyn Input, record: &Record<'_>) {
-        if let Some(i) = self.failed_records.iter().position(|f| {
-            f.input.partition == record.partition
-                && f.input.topic == record.topic
-                && f.offset == record.offset
-        }) {
-            let mut failed = self.failed_records.swap_remove(i);
+        if let Some(failed) = self.dead_letters.again(record) {
             self.skip_or_dead_letter(record, &failed.error);
-            failed.applied = true;
-            self.failed_records.push(failed);
+            self.dead_letters.applied(failed);
             return;
         }
         let Core { slots, path, .. } = self;
@@ -654,7 +626,7 @@ impl Core {
             Ok(Committed::Done) => {
                 self.retries.committed();
                 self.restores.retain(|p, _| !progressed.contains(p));
-                self.failed_records.retain(|f| !f.applied);
+                self.dead_letters.committed();
             }
             Ok(Committed::Aborted(why)) => {
                 tracing::warn!(worker = self.index, reason = %why, "transaction aborted; tasks start over from their committed offsets");
@@ -711,12 +683,7 @@ impl Core {
                 // takes it (inside the transaction that carries its offset).
                 Some(record) => {
                     tracing::warn!(worker = self.index, error = %error, "a record failed: aborting, then the error policy takes it");
-                    self.failed_records.push(FailedRecord {
-                        input: InputPartition::new(record.topic, record.partition),
-                        offset: record.offset,
-                        error,
-                        applied: false,
-                    });
+                    self.dead_letters.remember(record, error);
                     if self.abandon("a record failed") {
                         self.rewind(input);
                     }
@@ -782,9 +749,7 @@ impl Core {
         };
         metrics::counter!("kstate_task_rewinds").increment(1);
         // The abort dropped the dead letters of the open transaction: each comes again.
-        for failed in &mut self.failed_records {
-            failed.applied = false;
-        }
+        self.dead_letters.rewound();
         for p in ids {
             let Some(offsets) = self.start_offsets(p, &positions) else {
                 return;
@@ -843,56 +808,23 @@ impl Core {
     }
 
     /// A record that failed on its own account is skipped, or sent to the dead-letter topic
-    /// and skipped, as the error policy says. Callers take [`ErrorPolicy::Fail`] first (the
-    /// worker fails); were it to come here, the record would be skipped.
+    /// and skipped, as the error policy says ([`dead_letters::dispose`]).
     fn skip_or_dead_letter(&mut self, record: &Record<'_>, error: &TaskError) {
-        let task = TaskId {
-            partition: record.partition,
-        };
-        match &self.app.config.error_policy {
-            ErrorPolicy::Fail | ErrorPolicy::LogAndContinue => {
-                tracing::warn!(worker = self.index, %task, topic = record.topic, offset = record.offset, error = %error, "skipping a record that failed");
-                metrics::counter!("kstate_task_skipped_records").increment(1);
+        let disposed = dead_letters::dispose(
+            &self.app.config.error_policy,
+            self.path.producer(),
+            record,
+            error,
+            self.app.config.delivery_timeout(),
+            self.index,
+        );
+        match disposed {
+            Ok(()) => {
                 if let Some(t) = self.slots.task_mut(record.partition) {
                     t.skip(record);
                 }
             }
-            ErrorPolicy::DeadLetter(topic) => {
-                let topic = topic.clone();
-                let message = error.to_string();
-                let partition = record.partition.to_string();
-                let offset = record.offset.to_string();
-                let task_name = task.to_string();
-                let headers: [(&str, &[u8]); 6] = [
-                    (DEAD_LETTER_EXCEPTION, kind_of(error).as_bytes()),
-                    (DEAD_LETTER_MESSAGE, message.as_bytes()),
-                    (DEAD_LETTER_TOPIC, record.topic.as_bytes()),
-                    (DEAD_LETTER_PARTITION, partition.as_bytes()),
-                    (DEAD_LETTER_OFFSET, offset.as_bytes()),
-                    (DEAD_LETTER_TASK, task_name.as_bytes()),
-                ];
-                let sent = self.path.producer().send_with_headers(
-                    &topic,
-                    record.key,
-                    record.value,
-                    &headers,
-                    self.app.config.delivery_timeout(),
-                );
-                match sent {
-                    Ok(()) => {
-                        tracing::warn!(worker = self.index, %task, topic = record.topic, offset = record.offset, dead_letter = %topic, error = %error, "a record that failed went to the dead-letter topic");
-                        metrics::counter!("kstate_task_dead_letters").increment(1);
-                        if let Some(t) = self.slots.task_mut(record.partition) {
-                            t.skip(record);
-                        }
-                    }
-                    Err(source) => self.fail(TaskError::Output {
-                        task,
-                        topic,
-                        source: Box::new(source),
-                    }),
-                }
-            }
+            Err(e) => self.fail(e),
         }
     }
 
@@ -906,7 +838,7 @@ impl Core {
             tracing::info!(worker = self.index, reason = %why, "replacing the producer");
         }
         self.slots.drop_all();
-        self.failed_records.clear();
+        self.dead_letters.clear();
         match self.path.renew(&self.app.config) {
             Ok(()) => self.health.recovered(),
             Err(e) => self.fail(e),
@@ -1015,16 +947,6 @@ impl Core {
 
     pub(crate) fn commit_requested(&self) -> bool {
         self.path.producer().commit_requested()
-    }
-}
-
-/// The failure's kind, for the dead-letter header Kafka Streams fills with an exception class.
-fn kind_of(error: &TaskError) -> &'static str {
-    match error {
-        TaskError::Processor { .. } => "kstate_task::TaskError::Processor",
-        TaskError::Output { .. } => "kstate_task::TaskError::Output",
-        TaskError::Store { .. } => "kstate_task::TaskError::Store",
-        _ => "kstate_task::TaskError",
     }
 }
 

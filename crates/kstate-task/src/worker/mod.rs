@@ -45,6 +45,7 @@
 mod callbacks;
 pub(crate) mod commit;
 pub(crate) mod core;
+pub(crate) mod dead_letters;
 pub(crate) mod failure;
 pub(crate) mod health;
 pub(crate) mod input;
