@@ -269,10 +269,11 @@ impl LoggedStore {
             });
         }
         // One writer per partition: this store's first record must land where the restore
-        // ended, each next one right after it.
-        producer
-            .tracker
-            .expect_offsets_from(restored.report.start.end_offset);
+        // ended (under a transaction: or past markers only), each next one right after it.
+        producer.tracker.expect_offsets_from(
+            restored.report.start.end_offset,
+            producer.transaction().is_some(),
+        );
         let flush_interval = config.flush_interval.unwrap_or_else(|| {
             restored
                 .topic

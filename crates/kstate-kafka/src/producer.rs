@@ -137,9 +137,16 @@ impl AckTracker {
     }
 
     /// The first record sent from now on must land at `offset` (the restore's end), each next one
-    /// right after its predecessor.
-    pub(crate) fn expect_offsets_from(&self, offset: i64) {
-        self.lock().next_offset = Some(offset);
+    /// right after its predecessor. Under a transaction (`transactional`) the first may land
+    /// further on past markers only, as after a commit: a transaction that an earlier instance
+    /// of the task left open (it was killed) is aborted by the coordinator when it fences that
+    /// instance or the transaction times out, which can be after the restore read the end, and
+    /// its abort marker then lands in between. Such a gap is kept, and checked to hold markers
+    /// only before the commit that would move past it ([`take_marker_gaps`](Self::take_marker_gaps)).
+    pub(crate) fn expect_offsets_from(&self, offset: i64, transactional: bool) {
+        let mut acks = self.lock();
+        acks.next_offset = Some(offset);
+        acks.after_marker = transactional;
     }
 
     pub(crate) fn poisoned(&self) -> Option<PoisonReason> {
@@ -929,7 +936,7 @@ mod tests {
     fn a_record_after_a_commit_may_land_past_a_repeated_marker_and_the_gap_is_kept_for_the_commit()
     {
         let tracker = AckTracker::new("changelog", 0);
-        tracker.expect_offsets_from(10);
+        tracker.expect_offsets_from(10, true);
         tracker.delivered(1, 10);
         tracker.transaction_committed(); // marker at 11
         tracker.delivered(2, 13); // a second marker at 12
@@ -950,10 +957,49 @@ mod tests {
         ));
     }
 
+    /// Seen on the three-node cluster: the restore ended at 12065 after a killed instance's
+    /// last marker; the coordinator then aborted that instance's open transaction, whose abort
+    /// marker landed at 12065, and the new instance's first record at 12066.
+    #[test]
+    fn a_first_record_under_a_transaction_may_land_past_an_abort_marker_after_the_restore() {
+        let tracker = AckTracker::new("changelog", 0);
+        tracker.expect_offsets_from(10, true);
+        tracker.delivered(1, 11); // an earlier instance's abort marker at 10
+        assert!(tracker.poisoned().is_none(), "{:?}", tracker.poisoned());
+        assert_eq!(
+            tracker.take_marker_gaps(),
+            vec![MarkerGap { from: 10, to: 11 }]
+        );
+        // Then records follow each other again.
+        tracker.delivered(2, 13);
+        assert!(matches!(
+            tracker.poisoned(),
+            Some(PoisonReason::ForeignWrite {
+                expected_offset: 12,
+                actual_offset: 13
+            })
+        ));
+    }
+
+    #[test]
+    fn a_first_record_without_a_transaction_must_land_at_the_restores_end() {
+        let tracker = AckTracker::new("changelog", 0);
+        tracker.expect_offsets_from(10, false);
+        tracker.delivered(1, 11); // no markers without transactions: another writer's record
+        assert!(matches!(
+            tracker.poisoned(),
+            Some(PoisonReason::ForeignWrite {
+                expected_offset: 10,
+                actual_offset: 11
+            })
+        ));
+        assert!(tracker.take_marker_gaps().is_empty());
+    }
+
     #[test]
     fn a_record_that_lands_before_its_expected_offset_after_a_commit_is_another_writers() {
         let tracker = AckTracker::new("changelog", 0);
-        tracker.expect_offsets_from(10);
+        tracker.expect_offsets_from(10, true);
         tracker.delivered(1, 10);
         tracker.transaction_committed();
         tracker.delivered(2, 11); // where the marker must be
@@ -967,7 +1013,7 @@ mod tests {
     fn sequence_numbers_keep_counting_past_the_bits_the_opaque_carries() {
         let tracker = AckTracker::new("changelog", 0);
         tracker.lock().acked_seq = SEQ_MASK - 1;
-        tracker.expect_offsets_from(100);
+        tracker.expect_offsets_from(100, true);
         // Record SEQ_MASK, then SEQ_MASK + 1, whose low bits are 0.
         tracker.delivered(SEQ_MASK, 100);
         tracker.delivered(0, 101);
