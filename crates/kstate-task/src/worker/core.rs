@@ -745,6 +745,19 @@ impl Core {
             ids.iter().flat_map(|p| self.slots.inputs_of(*p)).collect();
         let positions = match self.positions(input, &partitions) {
             Ok(c) => c,
+            Err(e) if in_motion(&e) => {
+                // As at a start ([`restored`](Self::restored)): a killed broker can keep the
+                // group coordinator or a leader from answering past the timeout. The tasks'
+                // stores are as at the last commit (the abort dropped the rest), so the held
+                // tasks are dropped and restore again, and their start asks again after a
+                // pause. On the three-node cluster this failed the application ("fetch the
+                // committed offsets failed ... OperationTimedOut").
+                tracing::warn!(worker = self.index, error = %e, "where the inputs start again is not known yet; the tasks restore again and ask again");
+                self.dead_letters.rewound();
+                self.slots.drop_all();
+                self.backoff_until = Some(Instant::now() + START_RETRY);
+                return self.restore_held(input);
+            }
             Err(e) => return self.fail(e),
         };
         metrics::counter!("kstate_task_rewinds").increment(1);
