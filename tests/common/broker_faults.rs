@@ -4,9 +4,9 @@
 //! restart, a node paused past the clients' request timeout. Shared by the chaos runs of
 //! `topologies.rs` and `windowed_count.rs`, so that every topology meets the same faults.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kstate_test_broker::Cluster;
+use kstate_test_broker::{BrokerError, Cluster};
 use rand::{Rng, SeedableRng};
 
 /// A broker fault of a chaos run on the cluster. Each ends with every node back and in sync, so
@@ -80,17 +80,20 @@ impl BrokerFault {
     ) -> anyhow::Result<String> {
         let victim = match self {
             BrokerFault::ChangelogLeader => {
-                cluster.leader(&targets.changelog, rng.random_range(0..targets.partitions))?
+                let partition = rng.random_range(0..targets.partitions);
+                victim(|| cluster.leader(&targets.changelog, partition))?
             }
             BrokerFault::InputLeader => {
                 let input = &targets.inputs[rng.random_range(0..targets.inputs.len())];
-                cluster.leader(input, rng.random_range(0..targets.partitions))?
+                let partition = rng.random_range(0..targets.partitions);
+                victim(|| cluster.leader(input, partition))?
             }
             BrokerFault::TransactionCoordinator => {
                 let copy = rng.random_range(0..targets.copies);
-                cluster.transaction_coordinator(&format!("{}-copy-{copy}-0", targets.app_id))?
+                let id = format!("{}-copy-{copy}-0", targets.app_id);
+                victim(|| cluster.transaction_coordinator(&id))?
             }
-            BrokerFault::GroupCoordinator => cluster.group_coordinator(&targets.app_id)?,
+            BrokerFault::GroupCoordinator => victim(|| cluster.group_coordinator(&targets.app_id))?,
             BrokerFault::RollingRestart => {
                 for node in cluster.nodes() {
                     cluster.restart(node)?;
@@ -115,6 +118,20 @@ impl BrokerFault {
         Ok(format!(
             "{self:?}: node {victim} killed, back after {down:.1?}"
         ))
+    }
+}
+
+/// The node `find` names, asked again for up to a minute while it names none: the application
+/// creates its changelogs as its tasks first open, and a fault drawn early can come before
+/// (seen in CI: "metadata of ...-counts-changelog/5: no such partition").
+fn victim(mut find: impl FnMut() -> Result<i32, BrokerError>) -> anyhow::Result<i32> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match find() {
+            Ok(node) => return Ok(node),
+            Err(e) if Instant::now() >= deadline => return Err(e.into()),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
     }
 }
 
