@@ -44,6 +44,9 @@ const TASKS_CLOSED: &str = "committing and closing tasks";
 /// What the worker logs when its tasks are lost (a fenced or removed member's): their stores
 /// are dropped uncommitted, and whoever is assigned them next restores from the changelog.
 const TASKS_DROPPED: &str = "dropping tasks without a commit";
+/// What the worker logs when the last commit of tasks a rebalance takes away fails (a foreign
+/// write found by that commit, say): they are dropped without it.
+const ENDING_COMMIT_FAILED: &str = "the last commit of ending tasks failed";
 
 pub struct Copy {
     pub slot: usize,
@@ -285,8 +288,9 @@ impl Copies {
     }
 
     /// An error if a copy in `slots` saw a foreign write to a changelog and did not afterwards
-    /// restore the task again, close its tasks in a rebalance, or drop them as lost (in the last
-    /// two the transaction is aborted and the next owner restores from the changelog): the
+    /// restore the task again, close its tasks in a rebalance, drop them as lost, or fail the
+    /// last commit of tasks it hands over (in the last three the transaction is aborted and the
+    /// next owner restores from the changelog): the
     /// recovery from a paused member's aborted records, which land in the partition after the
     /// new owner's restore, and of the paused member itself, whose own records land after the
     /// new owner's.
@@ -302,9 +306,14 @@ impl Copies {
                     && FOREIGN_WRITE.iter().any(|w| line.contains(w))
                 {
                     unrecovered.get_or_insert(line);
-                } else if [RESTORED_AGAIN, TASKS_CLOSED, TASKS_DROPPED]
-                    .iter()
-                    .any(|recovered| line.contains(recovered))
+                } else if [
+                    RESTORED_AGAIN,
+                    TASKS_CLOSED,
+                    TASKS_DROPPED,
+                    ENDING_COMMIT_FAILED,
+                ]
+                .iter()
+                .any(|recovered| line.contains(recovered))
                 {
                     unrecovered = None;
                 }
