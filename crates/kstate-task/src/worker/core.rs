@@ -671,9 +671,13 @@ impl Core {
         record: Option<&Record<'_>>,
         error: TaskError,
     ) {
-        let failure = classify(&error);
         let policy = &self.app.config.error_policy;
-        match react(&failure, self.path.shared_fate(), policy, record.is_some()) {
+        match react(
+            classify(&error),
+            self.path.shared_fate(),
+            policy,
+            record.is_some(),
+        ) {
             Reaction::ErrorPolicy => match record {
                 Some(record) => self.skip_or_dead_letter(record, &error),
                 None => self.fail(error),
@@ -696,11 +700,7 @@ impl Core {
                     self.start_over(input, why);
                 }
             }
-            Reaction::RestoreAgain => {
-                let store = match failure {
-                    Failure::Corrupted { store } => store,
-                    _ => None,
-                };
+            Reaction::RestoreAgain { store } => {
                 let partition = store
                     .and_then(|s| self.slots.task_with_store(&s))
                     .or(record.map(|r| r.partition));

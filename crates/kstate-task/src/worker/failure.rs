@@ -42,7 +42,7 @@ pub(crate) enum Failure {
 }
 
 /// What the worker does about a task's failure: the table in the module docs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reaction {
     /// At-least-once: the error policy takes the record now (skipped, or dead-lettered).
     ErrorPolicy,
@@ -52,8 +52,8 @@ pub(crate) enum Reaction {
     /// Exactly-once: abort, and every running task starts over from its committed offsets
     /// (after a back-off, a bounded number of times in a row).
     AbortAndStartOver,
-    /// The task holding the store (or the record's task) restores again.
-    RestoreAgain,
+    /// The task holding the store named (or else the record's task) restores again.
+    RestoreAgain { store: Option<String> },
     /// Every task is dropped and restored in place with a new producer.
     ReplaceProducer,
     /// The worker fails with the error.
@@ -63,7 +63,7 @@ pub(crate) enum Reaction {
 /// The reaction to `failure`: `shared_fate`, every task's work is in one transaction
 /// (exactly-once); `on_record`, a record was being processed when it happened.
 pub(crate) fn react(
-    failure: &Failure,
+    failure: Failure,
     shared_fate: bool,
     policy: &ErrorPolicy,
     on_record: bool,
@@ -79,7 +79,7 @@ pub(crate) fn react(
         Failure::Record | Failure::Fatal => Reaction::Fail,
         Failure::Transient if shared_fate => Reaction::AbortAndStartOver,
         Failure::Transient => Reaction::Fail,
-        Failure::Corrupted { .. } => Reaction::RestoreAgain,
+        Failure::Corrupted { store } => Reaction::RestoreAgain { store },
         Failure::ProducerLost { .. } => Reaction::ReplaceProducer,
     }
 }
@@ -230,32 +230,32 @@ mod tests {
     fn a_records_own_failure_at_least_once_goes_to_the_error_policy_at_once() {
         let dead_letter = ErrorPolicy::DeadLetter("dlq".into());
         for policy in [SKIP, dead_letter] {
-            let reaction = react(&Failure::Record, AT_LEAST_ONCE, &policy, ON_RECORD);
+            let reaction = react(Failure::Record, AT_LEAST_ONCE, &policy, ON_RECORD);
             assert_eq!(reaction, Reaction::ErrorPolicy, "{policy:?}");
         }
     }
 
     #[test]
     fn a_records_own_failure_exactly_once_aborts_first_and_the_policy_takes_it_again() {
-        let reaction = react(&Failure::Record, EXACTLY_ONCE, &SKIP, ON_RECORD);
+        let reaction = react(Failure::Record, EXACTLY_ONCE, &SKIP, ON_RECORD);
         assert_eq!(reaction, Reaction::AbortThenErrorPolicy);
     }
 
     #[test]
     fn a_records_own_failure_fails_under_the_fail_policy_or_with_no_record_at_hand() {
         for shared in [AT_LEAST_ONCE, EXACTLY_ONCE] {
-            let fail = react(&Failure::Record, shared, &ErrorPolicy::Fail, ON_RECORD);
+            let fail = react(Failure::Record, shared, &ErrorPolicy::Fail, ON_RECORD);
             assert_eq!(fail, Reaction::Fail);
-            let no_record = react(&Failure::Record, shared, &SKIP, false);
+            let no_record = react(Failure::Record, shared, &SKIP, false);
             assert_eq!(no_record, Reaction::Fail);
         }
     }
 
     #[test]
     fn a_transient_failure_aborts_and_starts_over_exactly_once_and_fails_at_least_once() {
-        let eos = react(&Failure::Transient, EXACTLY_ONCE, &SKIP, ON_RECORD);
+        let eos = react(Failure::Transient, EXACTLY_ONCE, &SKIP, ON_RECORD);
         assert_eq!(eos, Reaction::AbortAndStartOver);
-        let alos = react(&Failure::Transient, AT_LEAST_ONCE, &SKIP, ON_RECORD);
+        let alos = react(Failure::Transient, AT_LEAST_ONCE, &SKIP, ON_RECORD);
         assert_eq!(alos, Reaction::Fail);
     }
 
@@ -265,8 +265,13 @@ mod tests {
             store: Some("counts".into()),
         };
         for shared in [AT_LEAST_ONCE, EXACTLY_ONCE] {
-            let reaction = react(&corrupted, shared, &ErrorPolicy::Fail, ON_RECORD);
-            assert_eq!(reaction, Reaction::RestoreAgain);
+            let reaction = react(corrupted.clone(), shared, &ErrorPolicy::Fail, ON_RECORD);
+            assert_eq!(
+                reaction,
+                Reaction::RestoreAgain {
+                    store: Some("counts".into())
+                }
+            );
         }
     }
 
@@ -274,7 +279,7 @@ mod tests {
     fn a_lost_producer_is_replaced_whether_fenced_or_not() {
         for fenced in [true, false] {
             let lost = Failure::ProducerLost { fenced };
-            let reaction = react(&lost, EXACTLY_ONCE, &SKIP, false);
+            let reaction = react(lost, EXACTLY_ONCE, &SKIP, false);
             assert_eq!(reaction, Reaction::ReplaceProducer);
         }
     }
@@ -282,7 +287,7 @@ mod tests {
     #[test]
     fn anything_else_fails_whatever_the_policy() {
         for shared in [AT_LEAST_ONCE, EXACTLY_ONCE] {
-            let reaction = react(&Failure::Fatal, shared, &SKIP, ON_RECORD);
+            let reaction = react(Failure::Fatal, shared, &SKIP, ON_RECORD);
             assert_eq!(reaction, Reaction::Fail);
         }
     }
