@@ -80,16 +80,13 @@ impl ConsumerContext for WorkerContext {
                 match assigned {
                     Ok(()) => core.assigned(consumer, &partitions),
                     Err(source) => {
-                        let worker = core.index;
-                        core.health.fail(
+                        let worker = core.index();
+                        core.fail(TaskError::Consumer {
                             worker,
-                            TaskError::Consumer {
-                                worker,
-                                operation: "assign",
-                                inputs: format!("{partitions:?}"),
-                                source: Box::new(source),
-                            },
-                        );
+                            operation: "assign",
+                            inputs: format!("{partitions:?}"),
+                            source: Box::new(source),
+                        });
                     }
                 }
             }

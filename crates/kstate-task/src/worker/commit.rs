@@ -13,16 +13,23 @@
 //!   where the broker checks the group generation, so a member that lost its partitions while
 //!   paused cannot commit even a transaction its timers filled without input.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kstate_kafka::SharedProducer;
-use rdkafka::TopicPartitionList;
 use rdkafka::consumer::CommitMode;
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::AppConfig;
 use crate::error::TaskError;
+use crate::ids::InputPartition;
 use crate::task::Task;
 use crate::worker::input::Input;
+
+/// How often the last offset commit is looked for in the group's offsets.
+pub(crate) const CONFIRM_RETRY: Duration = Duration::from_millis(50);
+
+/// The longest one look at the group's offsets may take before the commit is sent again.
+const CONFIRM_QUERY: Duration = Duration::from_secs(2);
 
 /// What a commit came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,8 +53,12 @@ pub(crate) trait CommitPath: Send {
     fn producer(&self) -> &SharedProducer;
 
     /// Whether one commit carries every task (a transaction) rather than each task on its own:
-    /// then a revocation commits every task, and dropping one task's work drops all of theirs.
+    /// dropping one task's work drops all of theirs ([`react`](super::failure::react) takes it).
     fn shared_fate(&self) -> bool;
+
+    /// Whether the last commit of the `ending` tasks carries `task`: under a transaction every
+    /// task's work is in it.
+    fn carries(&self, ending: &[i32], task: &Task) -> bool;
 
     /// Commits `tasks`.
     fn commit(
@@ -57,13 +68,32 @@ pub(crate) trait CommitPath: Send {
         occasion: Occasion,
     ) -> Result<Committed, TaskError>;
 
-    /// Drops what the tasks did since their last commit: under exactly-once the transaction
-    /// aborts (every task must then start over); under at-least-once there is nothing shared to
-    /// drop.
-    fn abandon(&mut self, why: &str) -> Result<(), TaskError>;
+    /// Drops what the tasks did since their last commit. Returns whether every running task
+    /// must start over: under exactly-once the transaction aborted; under at-least-once there
+    /// is nothing shared to drop.
+    fn abandon(&mut self, why: &str) -> Result<bool, TaskError>;
 
     /// The producer could not go on: a new one.
     fn renew(&mut self, config: &AppConfig) -> Result<(), TaskError>;
+
+    /// The consumer's commit callback answered: the group holds the offsets sent.
+    fn offsets_committed(&mut self) {}
+
+    /// The worker ends: only the commit of its last tasks is to be confirmed, not that of an
+    /// earlier revocation (those partitions are others' now).
+    fn forget_unconfirmed(&mut self) {}
+
+    /// After the last commit: whether the group holds its offsets, asked until `deadline`.
+    /// Under a transaction the commit itself said so.
+    fn confirm_last(&mut self, _input: &dyn Input, _deadline: Instant) -> bool {
+        true
+    }
+
+    /// Whether a last commit waits for [`confirm_last`](Self::confirm_last).
+    #[cfg(test)]
+    fn awaits_confirmation(&self) -> bool {
+        false
+    }
 }
 
 /// The commit path of `config`'s guarantee, with a new producer.
@@ -77,6 +107,7 @@ pub(crate) fn for_config(
             producer: SharedProducer::with_config(&config.producer_config())
                 .map_err(|e| TaskError::producer(worker, e))?,
             timeout: config.commit_timeout(),
+            unconfirmed: None,
         }),
         crate::config::ProcessingGuarantee::ExactlyOnce => Box::new(Transactional {
             worker,
@@ -90,6 +121,9 @@ pub(crate) struct AtLeastOnce {
     worker: usize,
     producer: SharedProducer,
     timeout: Duration,
+    /// The offsets of the last commit of ending tasks, until the group is seen to hold them
+    /// ([`confirm_last`](CommitPath::confirm_last)).
+    unconfirmed: Option<Vec<(InputPartition, i64)>>,
 }
 
 impl CommitPath for AtLeastOnce {
@@ -101,13 +135,21 @@ impl CommitPath for AtLeastOnce {
         false
     }
 
+    fn carries(&self, ending: &[i32], task: &Task) -> bool {
+        ending.contains(&task.id.partition)
+    }
+
     fn commit(
         &mut self,
         tasks: &mut [&mut Task],
         input: &dyn Input,
         occasion: Occasion,
     ) -> Result<Committed, TaskError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
+        let sent: Vec<(InputPartition, i64)> = match occasion {
+            Occasion::Periodic => Vec::new(),
+            Occasion::Ending => tasks.iter().flat_map(|t| t.positions()).collect(),
+        };
         for task in tasks.iter_mut() {
             task.prepare_commit(&self.producer)?;
         }
@@ -133,7 +175,7 @@ impl CommitPath for AtLeastOnce {
                 // Not confirmed (rust-rdkafka 0.39 calls no commit callback for it,
                 // fede1024/rust-rdkafka#856): sent again after `RESEND_UNCONFIRMED` if no record
                 // moves it. The last one is confirmed from the group's offsets
-                // (`Core::confirm_last_commit`).
+                // (`confirm_last`).
                 Ok(()) => {
                     for task in tasks.iter_mut() {
                         task.offsets_sent(&offsets);
@@ -146,17 +188,89 @@ impl CommitPath for AtLeastOnce {
             }
         }
         metrics::histogram!("kstate_task_commit_seconds").record(started.elapsed().as_secs_f64());
+        if occasion == Occasion::Ending {
+            self.unconfirmed = Some(sent);
+        }
         Ok(Committed::Done)
     }
 
-    fn abandon(&mut self, _why: &str) -> Result<(), TaskError> {
-        Ok(())
+    fn abandon(&mut self, _why: &str) -> Result<bool, TaskError> {
+        Ok(false)
     }
 
     fn renew(&mut self, config: &AppConfig) -> Result<(), TaskError> {
         self.producer = SharedProducer::with_config(&config.producer_config())
             .map_err(|e| TaskError::producer(self.worker, e))?;
         Ok(())
+    }
+
+    fn offsets_committed(&mut self) {
+        self.unconfirmed = None;
+    }
+
+    fn forget_unconfirmed(&mut self) {
+        self.unconfirmed = None;
+    }
+
+    #[cfg(test)]
+    fn awaits_confirmation(&self) -> bool {
+        self.unconfirmed.is_some()
+    }
+
+    /// Whether the group holds the offsets of the last commit, asked of the group coordinator
+    /// until `deadline`; a commit the group does not hold (it failed) is sent again. The
+    /// answer to an asynchronous commit cannot be waited for instead: rust-rdkafka 0.39 gives
+    /// no commit callback for `CommitMode::Async` (fede1024/rust-rdkafka#856), and a
+    /// synchronous commit waits without a time limit. The coordinator answers one
+    /// connection's requests in order, so an offset fetch sent after the commit sees it unless
+    /// it failed.
+    fn confirm_last(&mut self, input: &dyn Input, deadline: Instant) -> bool {
+        let Some(sent) = self.unconfirmed.take() else {
+            return true;
+        };
+        let partitions: Vec<InputPartition> = sent.iter().map(|(p, _)| p.clone()).collect();
+        // The commit, as it is sent again.
+        let mut again = TopicPartitionList::new();
+        for (p, offset) in &sent {
+            let _ = again.add_partition_offset(&p.topic, p.partition, Offset::Offset(*offset));
+        }
+        loop {
+            // Each question is bounded on its own: after a broker pause one offset fetch was
+            // seen to hang for the whole revocation timeout while the commit never reached the
+            // group (tests/graceful_handover_after_failed_commit.rs).
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(CONFIRM_QUERY);
+            let held = match input.committed(&partitions, left.max(Duration::from_millis(1))) {
+                Ok(held) => Some(held),
+                Err(e) => {
+                    tracing::debug!(worker = self.worker, error = %e, "the committed offsets could not be fetched");
+                    None
+                }
+            };
+            if held.as_ref().is_some_and(|held| {
+                sent.iter()
+                    .all(|(p, o)| held.get(p).is_some_and(|h| h >= o))
+            }) {
+                return true;
+            }
+            // Not held, or not known: sent again (a commit of offsets the group holds already
+            // changes nothing).
+            if held.is_some() {
+                tracing::warn!(
+                    worker = self.worker,
+                    "the group does not hold the last offset commit; it is sent again"
+                );
+            }
+            if let Err(e) = input.commit(&again, CommitMode::Async) {
+                tracing::warn!(worker = self.worker, error = %e, "sending the last offset commit again failed");
+            }
+            if Instant::now() + CONFIRM_RETRY >= deadline {
+                self.unconfirmed = Some(sent);
+                return false;
+            }
+            std::thread::sleep(CONFIRM_RETRY);
+        }
     }
 }
 
@@ -187,13 +301,17 @@ impl CommitPath for Transactional {
         true
     }
 
+    fn carries(&self, _ending: &[i32], _task: &Task) -> bool {
+        true
+    }
+
     fn commit(
         &mut self,
         tasks: &mut [&mut Task],
         input: &dyn Input,
         _occasion: Occasion,
     ) -> Result<Committed, TaskError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         for task in tasks.iter_mut() {
             task.prepare_commit(&self.producer)?;
         }
@@ -232,10 +350,11 @@ impl CommitPath for Transactional {
         }
     }
 
-    fn abandon(&mut self, why: &str) -> Result<(), TaskError> {
+    fn abandon(&mut self, why: &str) -> Result<bool, TaskError> {
         self.producer
             .abort_transaction(why, self.timeout)
-            .map_err(|e| TaskError::transaction(self.worker, e))
+            .map_err(|e| TaskError::transaction(self.worker, e))?;
+        Ok(true)
     }
 
     fn renew(&mut self, config: &AppConfig) -> Result<(), TaskError> {

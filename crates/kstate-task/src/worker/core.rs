@@ -4,66 +4,42 @@
 //! consumer is an [`Input`] and the commit path a [`CommitPath`], so that every transition has a
 //! unit test without a broker (`worker::tests`).
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use kstate_kafka::{CancelToken, ChangelogConfig};
-use rdkafka::consumer::CommitMode;
+use rdkafka::TopicPartitionList;
 use rdkafka::error::KafkaResult;
-use rdkafka::{Offset, TopicPartitionList};
 
 use crate::error::TaskError;
 use crate::ids::{InputPartition, Record, TaskId};
-use crate::restorer::{Batch, Done, Job};
+use crate::restorer::{Done, Job};
 use crate::shared::AppShared;
-use crate::status::Progress;
 use crate::task::Task;
+use crate::worker::activation::{self, RestoreQueue, START_RETRY, in_motion};
 use crate::worker::commit::{CommitPath, Committed, Occasion};
 use crate::worker::dead_letters::{self, DeadLetters};
-use crate::worker::failure::{Failure, Reaction, classify, react};
+use crate::worker::failure::{EndingFailed, Failure, Reaction, classify, react, react_to_ending};
 use crate::worker::health::{Health, ProducerLosses};
 use crate::worker::input::Input;
-use crate::worker::retries::Retries;
-use crate::worker::slots::{Buffered, Released, Slots};
+use crate::worker::retries::{RestoreStreaks, Retries};
+use crate::worker::slots::{Buffered, Slots};
 
-/// A task whose stores keep disagreeing with their changelog after this many restores in a row
-/// (without a commit of records it took in between) fails the worker. A commit that carries
-/// none of its records does not count: under at-least-once every periodic commit succeeds (its
-/// offsets go asynchronously), so a task that restores, fails again before it takes a record,
-/// and restores again would otherwise loop for ever.
-const MAX_RESTORES: u32 = 3;
-
-/// How often the last offset commit is looked for in the group's offsets.
-pub(crate) const CONFIRM_RETRY: Duration = Duration::from_millis(50);
-
-/// The longest one look at the group's offsets may take before the commit is sent again.
-const CONFIRM_QUERY: Duration = Duration::from_secs(2);
-
-/// A worker's state.
+/// A worker's state. Its fields are private: the poll loop and the rebalance callbacks change
+/// it only through the transitions below.
 pub(crate) struct Core {
-    pub(crate) index: usize,
+    index: usize,
     app: Arc<AppShared>,
     path: Box<dyn CommitPath>,
-    pub(crate) slots: Slots,
-    /// Restore jobs go to the process's restorer threads; `None` once the worker ends (they end
-    /// when every worker's sender is gone).
-    jobs: Option<Sender<Job>>,
-    /// Where the restorers answer this worker's jobs.
-    reply: Sender<Done>,
-    next_job: u64,
-    pub(crate) health: Health,
+    slots: Slots,
+    restorers: RestoreQueue,
+    health: Health,
     losses: ProducerLosses,
     retries: Retries,
     dead_letters: DeadLetters,
-    /// Restores in a row per task whose stores disagreed with their changelogs.
-    restores: BTreeMap<i32, u32>,
+    restores: RestoreStreaks,
     /// After an abort: nothing is processed before this.
-    pub(crate) backoff_until: Option<Instant>,
-    /// At-least-once: the offsets of the last commit of ending tasks, until the group is seen
-    /// to hold them ([`confirm_last_commit`](Self::confirm_last_commit)).
-    pub(crate) unconfirmed: Option<Vec<(InputPartition, i64)>>,
+    backoff_until: Option<Instant>,
 }
 
 impl Core {
@@ -79,17 +55,42 @@ impl Core {
             slots: Slots::new(index, app.clone()),
             app,
             path,
-            jobs: Some(jobs),
-            reply,
-            next_job: 0,
+            restorers: RestoreQueue::new(jobs, reply),
             health: Health::Ok,
             losses: ProducerLosses::default(),
             retries: Retries::default(),
             dead_letters: DeadLetters::default(),
-            restores: BTreeMap::new(),
+            restores: RestoreStreaks::default(),
             backoff_until: None,
-            unconfirmed: None,
         }
+    }
+
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    pub(crate) fn health(&self) -> &Health {
+        &self.health
+    }
+
+    #[cfg(test)]
+    pub(crate) fn slots(&self) -> &Slots {
+        &self.slots
+    }
+
+    #[cfg(test)]
+    pub(crate) fn slots_mut(&mut self) -> &mut Slots {
+        &mut self.slots
+    }
+
+    #[cfg(test)]
+    pub(crate) fn awaits_confirmation(&self) -> bool {
+        self.path.awaits_confirmation()
+    }
+
+    /// After an abort: until when nothing is processed (taken once).
+    pub(crate) fn take_backoff(&mut self) -> Option<Instant> {
+        self.backoff_until.take()
     }
 
     /// The consumer's statistics: `lag` records of input `topic` past the committed position in
@@ -100,7 +101,9 @@ impl Core {
             .input_lag(self.index, topic, partition, lag);
     }
 
-    fn fail(&mut self, error: TaskError) {
+    /// The worker fails with `error` (unless it failed already: the first failure is the one
+    /// reported).
+    pub(crate) fn fail(&mut self, error: TaskError) {
         self.health.fail(self.index, error);
     }
 
@@ -112,10 +115,6 @@ impl Core {
         } else {
             self.fail(error);
         }
-    }
-
-    fn timeout(&self) -> Duration {
-        self.app.config.commit_timeout()
     }
 
     // ----- assignment -----
@@ -154,19 +153,6 @@ impl Core {
         self.start_restores(&complete, false);
     }
 
-    /// Whether task `partition` has state in this process to resume from: a position in the
-    /// shared RocksDB, or a directory an older kstate left (moved in when the task opens). An
-    /// unreadable (or already closed) RocksDB counts as state: the restore reports what is
-    /// wrong.
-    fn has_local_state(&self, partition: i32) -> bool {
-        let in_shared = match (u32::try_from(partition), self.app.state_db()) {
-            (Ok(task), Some(db)) => db.has_state(task).unwrap_or(true),
-            (Ok(_), None) => true,
-            (Err(_), _) => false,
-        };
-        in_shared || self.app.config.task_dir(partition).exists()
-    }
-
     /// Starts restoring the tasks of `partitions`, as one batch: a restorer asks for the ends
     /// of all their changelogs at once before it restores the first of them. `reread`: their
     /// inputs were consumed past the committed offsets ([`Restoring::reread`](crate::worker::slots::Restoring::reread)).
@@ -174,7 +160,7 @@ impl Core {
         if partitions.is_empty() {
             return;
         }
-        if self.jobs.is_none() {
+        if self.restorers.is_closed() {
             // The worker is ending (its consumer closing): an assignment that arrives now is
             // left to the next owner; it is no failure.
             tracing::debug!(
@@ -184,59 +170,13 @@ impl Core {
             );
             return;
         }
-        let config = &self.app.config;
-        let tasks: Vec<(i32, Vec<(String, ChangelogConfig)>)> = partitions
-            .iter()
-            .map(|&partition| {
-                let stores = config
-                    .stores
-                    .iter()
-                    .map(|s| {
-                        let changelog = config.changelog(s, partition, self.app.partitions);
-                        (s.name.clone(), changelog)
-                    })
-                    .collect();
-                (partition, stores)
-            })
-            .collect();
-        let changelogs = |new_only: bool| {
-            tasks
-                .iter()
-                .filter(|(partition, _)| !new_only || !self.has_local_state(*partition))
-                .flat_map(|(_, stores)| stores.iter().map(|(_, c)| c.clone()))
-                .collect()
-        };
-        let batch = Arc::new(Batch {
-            changelogs: changelogs(false),
-            of_new_tasks: changelogs(true),
-            prefetched: Mutex::new(false),
-        });
-        for (partition, stores) in tasks {
-            let progress = Arc::new(Progress::new());
-            let cancel = CancelToken::new();
-            self.next_job += 1;
-            let job = Job {
-                id: self.next_job,
-                task: TaskId { partition },
-                dir: self.app.config.task_dir(partition),
-                stores,
-                batch: batch.clone(),
-                cancel: cancel.clone(),
-                progress: progress.clone(),
-                reply: self.reply.clone(),
-            };
+        for job in self.restorers.jobs(&self.app, partitions) {
+            let (partition, id) = (job.task.partition, job.id);
+            let (cancel, progress) = (job.cancel.clone(), job.progress.clone());
             self.slots
-                .begin_restore(partition, self.next_job, cancel, progress, reread);
-            let sent = self
-                .jobs
-                .as_ref()
-                .is_some_and(|jobs| jobs.send(job).is_ok());
-            if !sent {
-                self.fail(TaskError::Thread {
-                    name: "kstate-restorer".into(),
-                    message: "the restorer threads stopped".into(),
-                });
-                return;
+                .begin_restore(partition, id, cancel, progress, reread);
+            if let Err(e) = self.restorers.send(job) {
+                return self.fail(e);
             }
         }
     }
@@ -268,30 +208,9 @@ impl Core {
                 rewind = self.abandon("tasks lost, or the worker failed");
             }
         }
-        let mut touched: Vec<i32> = Vec::new();
-        for ip in partitions {
-            touched.push(ip.partition);
-            if let Released::Task(task) = self.slots.release(ip) {
-                if close {
-                    if let Err(e) = task.close() {
-                        tracing::warn!(worker = self.index, error = %e, "closing a task failed");
-                    }
-                } else {
-                    drop(task);
-                }
-            }
-        }
-        // A task's inputs still held here are paused: the task no longer runs.
-        touched.sort_unstable();
-        touched.dedup();
+        let (touched, still_held) = self.slots.release_all(partitions, close);
         // Its next owner meets its failing records on its own.
         self.dead_letters.forget(&touched);
-        let still_held: Vec<InputPartition> = self
-            .slots
-            .held()
-            .into_iter()
-            .filter(|ip| touched.contains(&ip.partition))
-            .collect();
         if let Err(e) = input.pause(&still_held) {
             self.fail(e);
         }
@@ -303,20 +222,15 @@ impl Core {
     /// The last commit of ending tasks: returns whether to close them (they committed), and
     /// whether the remaining tasks must start over (a shared transaction aborted).
     fn commit_ending(&mut self, input: &dyn Input, ending: &[i32]) -> (bool, bool) {
-        let shared = self.path.shared_fate();
         let Core { slots, path, .. } = self;
         let mut tasks: Vec<&mut Task> = slots
             .running()
             .into_iter()
-            .filter(|t| shared || ending.contains(&t.id.partition))
+            .filter(|t| path.carries(ending, t))
             .collect();
-        let sent: Vec<(InputPartition, i64)> = tasks.iter().flat_map(|t| t.positions()).collect();
         match path.commit(&mut tasks, input, Occasion::Ending) {
             Ok(Committed::Done) => {
                 self.retries.committed();
-                if !shared {
-                    self.unconfirmed = Some(sent);
-                }
                 self.dead_letters.committed();
                 (true, false)
             }
@@ -324,20 +238,16 @@ impl Core {
                 tracing::warn!(worker = self.index, reason = %why, "the last transaction of ending tasks aborted; the others start over");
                 (false, true)
             }
-            Err(e) if shared => {
+            Err(e) => {
                 tracing::warn!(worker = self.index, error = %e, "the last commit of ending tasks failed");
-                match classify(&e) {
-                    Failure::ProducerLost { .. } | Failure::Fatal => {
+                match react_to_ending(classify(&e), self.path.shared_fate()) {
+                    EndingFailed::Replay => (false, false),
+                    EndingFailed::AbortAndStartOver => (false, self.abandon(&e.to_string())),
+                    EndingFailed::ReplaceProducer | EndingFailed::Fail => {
                         self.producer_failed(e);
                         (false, false)
                     }
-                    _ => (false, self.abandon(&e.to_string())),
                 }
-            }
-            Err(e) => {
-                // At-least-once: the ending tasks' input replays from their last commit.
-                tracing::warn!(worker = self.index, error = %e, "the last commit of ending tasks failed; their input will be replayed");
-                (false, false)
             }
         }
     }
@@ -346,11 +256,8 @@ impl Core {
     /// the result is true (every running task must start over); an abort that fails loses the
     /// producer.
     fn abandon(&mut self, why: &str) -> bool {
-        if !self.path.shared_fate() {
-            return false;
-        }
         match self.path.abandon(why) {
-            Ok(()) => true,
+            Ok(start_over) => start_over,
             Err(e) => {
                 self.producer_failed(e);
                 false
@@ -385,38 +292,28 @@ impl Core {
                 }
             }
         }
-        if ready.is_empty() || !self.health.is_ok() {
-            for (task, _, _) in ready {
-                self.slots.restore_failed(task.partition);
-            }
-            return;
+        let tasks: Vec<i32> = ready.iter().map(|(task, _, _)| task.partition).collect();
+        if tasks.is_empty() || !self.health.is_ok() {
+            return self.slots.restore_failed_all(&tasks);
         }
-        let partitions: Vec<InputPartition> = ready
+        let partitions: Vec<InputPartition> = tasks
             .iter()
-            .flat_map(|(task, _, _)| self.slots.inputs_of(task.partition))
+            .flat_map(|p| self.slots.inputs_of(*p))
             .collect();
-        let positions = match self.positions(input, &partitions) {
+        let positions = match activation::start_positions(input, &self.app, &partitions) {
             Ok(c) => c,
             Err(e) if in_motion(&e) => {
-                // The group coordinator or a leader is moving past the timeout (a broker
-                // killed: KRaft fences it after 9 s): the tasks restore again (nothing to
-                // replay) and ask again, after a pause. On the three-node cluster this failed
-                // the application ("fetch the committed offsets failed ... OperationTimedOut").
+                // The cluster is in motion: the tasks restore again (nothing to replay) and
+                // ask again, after a pause.
                 tracing::warn!(worker = self.index, error = %e, "where the inputs start is not known yet; the tasks restore again and ask again");
-                let tasks: Vec<i32> = ready.iter().map(|(task, _, _)| task.partition).collect();
-                for &p in &tasks {
-                    self.slots.restore_failed(p);
-                }
+                self.slots.restore_failed_all(&tasks);
                 self.backoff_until = Some(Instant::now() + START_RETRY);
                 self.start_restores(&tasks, true);
                 return;
             }
             Err(e) => {
-                for (task, _, _) in ready {
-                    self.slots.restore_failed(task.partition);
-                }
-                self.fail(e);
-                return;
+                self.slots.restore_failed_all(&tasks);
+                return self.fail(e);
             }
         };
         for (id, restoring, stores) in ready {
@@ -425,20 +322,16 @@ impl Core {
                 self.slots.restore_failed(p);
                 continue;
             }
-            let Some(offsets) = self.start_offsets(p, &positions) else {
-                self.slots.restore_failed(p);
-                continue;
+            let offsets = match activation::start_offsets(self.slots.inputs_of(p), &positions) {
+                Ok(offsets) => offsets,
+                Err(e) => {
+                    self.slots.restore_failed(p);
+                    self.fail(e);
+                    continue;
+                }
             };
-            let config = &self.app.config;
-            let started = Task::start(
-                id,
-                &config.stores,
-                stores,
-                self.path.producer(),
-                &self.app.factory,
-                config.delivery_timeout(),
-                &offsets,
-            );
+            let started =
+                activation::start_task(&self.app, self.path.producer(), id, stores, &offsets);
             let task = match started {
                 Ok(task) => task,
                 Err(e) => {
@@ -458,11 +351,8 @@ impl Core {
             // chaos run: four records of each input of one task, under exactly-once, with
             // their offsets committed).
             let next = self.slots.task_mut(p).map(|t| t.next_offsets(&offsets));
-            for (topic, offset) in next.unwrap_or_default() {
-                let ip = InputPartition::new(topic, p);
-                if let Err(e) = input.seek(&ip, offset, self.timeout()) {
-                    return self.fail(e);
-                }
+            if let Err(e) = activation::seek(input, &self.app, p, next.unwrap_or_default()) {
+                return self.fail(e);
             }
             if let Some(task) = self.slots.task_mut(p) {
                 task.resumed();
@@ -479,63 +369,8 @@ impl Core {
             if !self.health.is_ok() || self.slots.task_mut(p).is_none() {
                 break;
             }
-            let record = Record {
-                topic: &b.topic,
-                partition: p,
-                offset: b.offset,
-                timestamp: b.timestamp,
-                key: b.key.as_deref(),
-                value: b.value.as_deref(),
-            };
-            self.process(input, &record);
+            self.process(input, &b.record(p));
         }
-    }
-
-    /// Where each of `partitions` starts: the group's committed offset, or for one without,
-    /// the log's start (or end, by `auto.offset.reset`). Two requests for all of them: one
-    /// offset fetch, one list-offsets round.
-    fn positions(
-        &self,
-        input: &dyn Input,
-        partitions: &[InputPartition],
-    ) -> Result<BTreeMap<InputPartition, i64>, TaskError> {
-        let mut positions = input.committed(partitions, self.timeout())?;
-        let fresh: Vec<InputPartition> = partitions
-            .iter()
-            .filter(|ip| !positions.contains_key(ip))
-            .cloned()
-            .collect();
-        if !fresh.is_empty() {
-            let latest = self.app.config.starts_at_latest();
-            positions.extend(input.log_starts(&fresh, latest, self.timeout())?);
-        }
-        Ok(positions)
-    }
-
-    /// Task `partition`'s start offset per input topic, from [`positions`](Self::positions);
-    /// `None` (and the worker failed) if one is missing.
-    fn start_offsets(
-        &mut self,
-        partition: i32,
-        positions: &BTreeMap<InputPartition, i64>,
-    ) -> Option<BTreeMap<String, i64>> {
-        let mut offsets = BTreeMap::new();
-        for ip in self.slots.inputs_of(partition) {
-            let Some(offset) = positions.get(&ip) else {
-                let error = TaskError::Input {
-                    operation: "ask where the input starts",
-                    topic: ip.topic.clone(),
-                    partition: ip.partition,
-                    source: Box::new(rdkafka::error::KafkaError::OffsetFetch(
-                        rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition,
-                    )),
-                };
-                self.fail(error);
-                return None;
-            };
-            offsets.insert(ip.topic, *offset);
-        }
-        Some(offsets)
     }
 
     // ----- records and timers -----
@@ -545,14 +380,7 @@ impl Core {
         if self.slots.task_mut(record.partition).is_some() {
             self.process(input, record);
         } else if let Some(restoring) = self.slots.restoring_mut(record.partition) {
-            // Handed over before the pause took hold: kept for when the task is ready.
-            restoring.buffered.push(Buffered {
-                topic: record.topic.to_string(),
-                offset: record.offset,
-                timestamp: record.timestamp,
-                key: record.key.map(<[u8]>::to_vec),
-                value: record.value.map(<[u8]>::to_vec),
-            });
+            restoring.buffer(record);
         } else {
             // No task runs for it here: nothing commits its offset, so its next owner (or this
             // worker's task, once it runs) reads it.
@@ -601,11 +429,7 @@ impl Core {
     }
 
     pub(crate) fn next_timer(&mut self) -> Option<Instant> {
-        self.slots
-            .running()
-            .into_iter()
-            .filter_map(|t| t.next_timer())
-            .min()
+        self.slots.next_timer()
     }
 
     // ----- commits -----
@@ -625,7 +449,7 @@ impl Core {
         match path.commit(&mut tasks, input, Occasion::Periodic) {
             Ok(Committed::Done) => {
                 self.retries.committed();
-                self.restores.retain(|p, _| !progressed.contains(p));
+                self.restores.progressed(&progressed);
                 self.dead_letters.committed();
             }
             Ok(Committed::Aborted(why)) => {
@@ -648,7 +472,7 @@ impl Core {
     ) {
         match result {
             Ok(()) => {
-                self.unconfirmed = None;
+                self.path.offsets_committed();
                 for task in self.slots.running() {
                     task.offsets_committed(offsets);
                 }
@@ -743,15 +567,13 @@ impl Core {
         }
         let partitions: Vec<InputPartition> =
             ids.iter().flat_map(|p| self.slots.inputs_of(*p)).collect();
-        let positions = match self.positions(input, &partitions) {
+        let positions = match activation::start_positions(input, &self.app, &partitions) {
             Ok(c) => c,
             Err(e) if in_motion(&e) => {
-                // As at a start ([`restored`](Self::restored)): a killed broker can keep the
-                // group coordinator or a leader from answering past the timeout. The tasks'
-                // stores are as at the last commit (the abort dropped the rest), so the held
-                // tasks are dropped and restore again, and their start asks again after a
-                // pause. On the three-node cluster this failed the application ("fetch the
-                // committed offsets failed ... OperationTimedOut").
+                // As at a start ([`restored`](Self::restored)): the cluster is in motion. The
+                // tasks' stores are as at the last commit (the abort dropped the rest), so the
+                // held tasks are dropped and restore again, and their start asks again after a
+                // pause.
                 tracing::warn!(worker = self.index, error = %e, "where the inputs start again is not known yet; the tasks restore again and ask again");
                 self.dead_letters.rewound();
                 self.slots.drop_all();
@@ -764,8 +586,9 @@ impl Core {
         // The abort dropped the dead letters of the open transaction: each comes again.
         self.dead_letters.rewound();
         for p in ids {
-            let Some(offsets) = self.start_offsets(p, &positions) else {
-                return;
+            let offsets = match activation::start_offsets(self.slots.inputs_of(p), &positions) {
+                Ok(offsets) => offsets,
+                Err(e) => return self.fail(e),
             };
             let Core {
                 slots, path, app, ..
@@ -776,11 +599,8 @@ impl Core {
             if let Err(e) = task.rewind(path.producer(), &app.factory, &offsets) {
                 return self.fail(e);
             }
-            for (topic, offset) in &offsets {
-                let ip = InputPartition::new(topic.clone(), p);
-                if let Err(e) = input.seek(&ip, *offset, self.timeout()) {
-                    return self.fail(e);
-                }
+            if let Err(e) = activation::seek(input, &self.app, p, offsets) {
+                return self.fail(e);
             }
         }
     }
@@ -790,10 +610,7 @@ impl Core {
     /// and restored again, which replays what is committed since its stored offsets, and its
     /// inputs are read again from the committed offsets when it starts.
     fn restore_again(&mut self, input: &dyn Input, partition: i32, error: TaskError) {
-        let restores = self.restores.entry(partition).or_insert(0);
-        *restores += 1;
-        if *restores > MAX_RESTORES {
-            let restores = *restores - 1;
+        if let Err(restores) = self.restores.again(partition) {
             return self.fail(TaskError::Corrupted {
                 task: TaskId { partition },
                 restores,
@@ -884,74 +701,25 @@ impl Core {
         self.start_restores(&tasks, true);
     }
 
-    /// The worker ends: no more restores (the restorer threads end after their jobs once every
-    /// worker has).
-    pub(crate) fn stop_restorer(&mut self) {
-        self.jobs = None;
-    }
-
     /// Shutting down (or failed): every task is ended as by a revocation.
     pub(crate) fn end(&mut self, input: &dyn Input) {
         let held = self.slots.held();
         // Only the last commit is confirmed: earlier revocations' partitions are others' now.
-        self.unconfirmed = None;
+        self.path.forget_unconfirmed();
         self.revoked(input, &held, false);
     }
 
-    /// At-least-once, after [`end`](Self::end): whether the group holds the offsets of the
-    /// last commit, asked of the group coordinator until `deadline`; a commit the group does not
-    /// hold (it failed) is sent again. The answer to an asynchronous commit cannot be waited
-    /// for instead: rust-rdkafka 0.39 gives no commit callback for `CommitMode::Async`
-    /// (fede1024/rust-rdkafka#856), and a synchronous commit waits without a time limit. The
-    /// coordinator answers one connection's requests in order, so an offset fetch sent after
-    /// the commit sees it unless it failed.
+    /// After [`end`](Self::end): whether the group holds the offsets of the last commit, asked
+    /// until `deadline` ([`CommitPath::confirm_last`]).
     pub(crate) fn confirm_last_commit(&mut self, input: &dyn Input, deadline: Instant) -> bool {
-        let Some(sent) = self.unconfirmed.take() else {
-            return true;
-        };
-        let partitions: Vec<InputPartition> = sent.iter().map(|(p, _)| p.clone()).collect();
-        // The commit, as it is sent again.
-        let mut again = TopicPartitionList::new();
-        for (p, offset) in &sent {
-            let _ = again.add_partition_offset(&p.topic, p.partition, Offset::Offset(*offset));
-        }
-        loop {
-            // Each question is bounded on its own: after a broker pause one offset fetch was
-            // seen to hang for the whole revocation timeout while the commit never reached the
-            // group (tests/graceful_handover_after_failed_commit.rs).
-            let left = deadline
-                .saturating_duration_since(Instant::now())
-                .min(CONFIRM_QUERY);
-            let held = match input.committed(&partitions, left.max(Duration::from_millis(1))) {
-                Ok(held) => Some(held),
-                Err(e) => {
-                    tracing::debug!(worker = self.index, error = %e, "the committed offsets could not be fetched");
-                    None
-                }
-            };
-            if held.as_ref().is_some_and(|held| {
-                sent.iter()
-                    .all(|(p, o)| held.get(p).is_some_and(|h| h >= o))
-            }) {
-                return true;
-            }
-            // Not held, or not known: sent again (a commit of offsets the group holds already
-            // changes nothing).
-            if held.is_some() {
-                tracing::warn!(
-                    worker = self.index,
-                    "the group does not hold the last offset commit; it is sent again"
-                );
-            }
-            if let Err(e) = input.commit(&again, CommitMode::Async) {
-                tracing::warn!(worker = self.index, error = %e, "sending the last offset commit again failed");
-            }
-            if Instant::now() + CONFIRM_RETRY >= deadline {
-                self.unconfirmed = Some(sent);
-                return false;
-            }
-            std::thread::sleep(CONFIRM_RETRY);
-        }
+        self.path.confirm_last(input, deadline)
+    }
+
+    /// The worker ends: no more restores (the restorer threads end after their jobs once every
+    /// worker has), and its failure, if it failed.
+    pub(crate) fn finish(&mut self) -> Option<TaskError> {
+        self.restorers.close();
+        std::mem::replace(&mut self.health, Health::Ok).into_failure()
     }
 
     pub(crate) fn restoring_any(&self) -> bool {
@@ -961,14 +729,4 @@ impl Core {
     pub(crate) fn commit_requested(&self) -> bool {
         self.path.producer().commit_requested()
     }
-}
-
-/// How long a worker waits before it asks again where its tasks' inputs start, while the
-/// cluster is in motion.
-const START_RETRY: Duration = Duration::from_millis(500);
-
-/// Whether `error` is a request to the cluster that failed only because the cluster is in
-/// motion ([`kstate_kafka::error_in_motion`]).
-fn in_motion(error: &TaskError) -> bool {
-    matches!(error, TaskError::Input { source, .. } if kstate_kafka::error_in_motion(source))
 }

@@ -84,6 +84,32 @@ pub(crate) fn react(
     }
 }
 
+/// What the worker does when the last commit of ending tasks (a revocation's, or the end's)
+/// failed: their work is not committed either way, and they are dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EndingFailed {
+    /// At-least-once: their next owner replays their input from their last commit.
+    Replay,
+    /// Exactly-once: the transaction aborts, and the remaining tasks start over.
+    AbortAndStartOver,
+    /// The producer cannot go on: replaced, every task restored again.
+    ReplaceProducer,
+    /// The worker fails with the error.
+    Fail,
+}
+
+/// The reaction to `failure` of the last commit of ending tasks; `shared_fate` as in [`react`].
+pub(crate) fn react_to_ending(failure: Failure, shared_fate: bool) -> EndingFailed {
+    match failure {
+        _ if !shared_fate => EndingFailed::Replay,
+        Failure::ProducerLost { .. } => EndingFailed::ReplaceProducer,
+        Failure::Fatal => EndingFailed::Fail,
+        Failure::Record | Failure::Transient | Failure::Corrupted { .. } => {
+            EndingFailed::AbortAndStartOver
+        }
+    }
+}
+
 pub(crate) fn classify(error: &TaskError) -> Failure {
     match error {
         TaskError::Processor { source, .. } => {
@@ -222,6 +248,36 @@ mod tests {
     }
 
     const SKIP: ErrorPolicy = ErrorPolicy::LogAndContinue;
+
+    #[test]
+    fn a_failed_last_commit_of_ending_tasks_under_at_least_once_is_replayed_by_their_next_owner() {
+        for failure in [Failure::Transient, Failure::Fatal, Failure::Record] {
+            assert_eq!(react_to_ending(failure, false), EndingFailed::Replay);
+        }
+    }
+
+    #[test]
+    fn a_failed_last_transaction_of_ending_tasks_aborts_and_the_others_start_over() {
+        for failure in [
+            Failure::Transient,
+            Failure::Record,
+            Failure::Corrupted { store: None },
+        ] {
+            assert_eq!(
+                react_to_ending(failure, true),
+                EndingFailed::AbortAndStartOver
+            );
+        }
+    }
+
+    #[test]
+    fn a_last_transaction_that_lost_the_producer_replaces_it_and_a_fatal_one_fails() {
+        assert_eq!(
+            react_to_ending(Failure::ProducerLost { fenced: true }, true),
+            EndingFailed::ReplaceProducer
+        );
+        assert_eq!(react_to_ending(Failure::Fatal, true), EndingFailed::Fail);
+    }
     const EXACTLY_ONCE: bool = true;
     const AT_LEAST_ONCE: bool = false;
     const ON_RECORD: bool = true;

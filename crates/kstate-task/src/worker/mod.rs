@@ -8,9 +8,15 @@
 //!   of the status registry;
 //! - [`core`]: the transitions (assigned, revoked, lost, restored, a record, a failure, an abort
 //!   and rewind, the producer lost) over an [`input::Input`] and a [`commit::CommitPath`];
-//! - [`commit`]: the commit path, at-least-once or transactional, chosen once;
-//! - [`failure`]: what kind of failure an error is; [`retries`]: bounded aborts;
-//!   [`health`]: ok, producer lost, failed.
+//! - [`activation`]: restore jobs, where a task's inputs start, the seek there;
+//! - [`commit`]: the commit path, at-least-once or transactional, chosen once (the
+//!   at-least-once one confirms the last commit from the group's offsets);
+//! - [`failure`]: what kind of failure an error is, and the one table of what the worker does
+//!   about it; [`retries`]: bounded aborts and restores again; [`health`]: ok, producer lost,
+//!   failed; [`dead_letters`]: records the error policy takes once they come again.
+//!
+//! Every transition has a test without a broker (`worker/tests`), and random sequences of them
+//! run against a model of the assignment (`worker/tests/model.rs`).
 //!
 //! # Tasks and rebalances
 //! - **Assigned**: every new input partition is paused. A task whose worker now holds
@@ -42,6 +48,7 @@
 //! not complete): every task is dropped without applying anything, a new producer is made and
 //! the worker rejoins; three within five minutes fail it.
 
+pub(crate) mod activation;
 mod callbacks;
 pub(crate) mod commit;
 pub(crate) mod core;
@@ -112,7 +119,7 @@ pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Resul
     let mut wait = Duration::ZERO;
     let mut next_chores = Instant::now();
     while !app.stopping() {
-        if let Some(until) = lock(&state).backoff_until.take() {
+        if let Some(until) = lock(&state).take_backoff() {
             // After an abort: a pause before starting over (bounded; the group session is kept
             // by librdkafka's own thread).
             std::thread::sleep(until.saturating_duration_since(Instant::now()));
@@ -139,7 +146,7 @@ pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Resul
                 if let rdkafka::error::KafkaError::MessageConsumption(code) = &e
                     && *code == rdkafka::types::RDKafkaErrorCode::Fatal
                 {
-                    core.health.fail(index, consumer_error("poll", e));
+                    core.fail(consumer_error("poll", e));
                 } else {
                     tracing::warn!(worker = index, error = %e, "consumer error");
                 }
@@ -149,21 +156,21 @@ pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Resul
         };
         wait = Duration::ZERO;
         let now = Instant::now();
-        if !idle && now < next_chores && core.health.is_ok() {
+        if !idle && now < next_chores && core.health().is_ok() {
             continue;
         }
         next_chores = now + Duration::from_millis(1);
-        if core.health.is_ok() {
+        if core.health().is_ok() {
             let finished: Vec<Done> = done.try_iter().collect();
             if !finished.is_empty() {
                 core.restored(&consumer, finished);
             }
         }
-        if core.health.is_ok() {
+        if core.health().is_ok() {
             core.fire_timers(&consumer);
         }
         // A store whose overlay is full under a transaction asks for an early commit.
-        if (now >= next_commit || core.commit_requested()) && core.health.is_ok() {
+        if (now >= next_commit || core.commit_requested()) && core.health().is_ok() {
             core.commit(&consumer);
             next_commit = Instant::now() + config.commit_interval;
         }
@@ -180,14 +187,14 @@ pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Resul
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(100));
         }
-        if core.health.is_failed() {
+        if core.health().is_failed() {
             break;
         }
-        if !core.health.is_ok() {
+        if !core.health().is_ok() {
             // The producer was lost: with a new one, the held tasks restore the committed tail
             // of their stores and read on from their committed offsets.
             core.replace_producer();
-            if core.health.is_ok() {
+            if core.health().is_ok() {
                 core.restore_held(&consumer);
             }
         }
@@ -205,9 +212,8 @@ pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Resul
             "the last offset commit was not confirmed within the revocation timeout; the next owner may replay some records"
         );
     }
-    let health = std::mem::replace(&mut core.health, health::Health::Ok);
+    let failure = core.finish();
     // The consumer's callbacks hold the core until it closes, maybe on a thread of its own.
-    core.stop_restorer();
     drop(core);
     // Leaving the group revokes nothing left: every task is ended.
     consumer.unsubscribe();
@@ -216,7 +222,7 @@ pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Resul
         deadline.max(Instant::now() + CLOSE_AT_LEAST),
         index,
     );
-    match health.into_failure() {
+    match failure {
         Some(e) => Err(e),
         None => Ok(()),
     }

@@ -17,21 +17,36 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use kstate_kafka::CancelToken;
 
-use crate::ids::{InputPartition, TaskId};
+use crate::ids::{InputPartition, Record, TaskId};
 use crate::shared::AppShared;
 use crate::status::Progress;
 use crate::task::Task;
 
 /// A record fetched for a task that is not running yet.
 pub(crate) struct Buffered {
-    pub(crate) topic: String,
-    pub(crate) offset: i64,
-    pub(crate) timestamp: Option<i64>,
-    pub(crate) key: Option<Vec<u8>>,
-    pub(crate) value: Option<Vec<u8>>,
+    topic: String,
+    offset: i64,
+    timestamp: Option<i64>,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+}
+
+impl Buffered {
+    /// The record, as it came, of task `partition`.
+    pub(crate) fn record(&self, partition: i32) -> Record<'_> {
+        Record {
+            topic: &self.topic,
+            partition,
+            offset: self.offset,
+            timestamp: self.timestamp,
+            key: self.key.as_deref(),
+            value: self.value.as_deref(),
+        }
+    }
 }
 
 /// A task whose stores are being restored.
@@ -44,6 +59,19 @@ pub(crate) struct Restoring {
     /// were consumed past the committed offsets, so they are sought back to them when it
     /// starts, and `buffered` is dropped (it comes again).
     pub(crate) reread: bool,
+}
+
+impl Restoring {
+    /// `record` was handed over before the pause took hold: kept for when the task is ready.
+    pub(crate) fn buffer(&mut self, record: &Record<'_>) {
+        self.buffered.push(Buffered {
+            topic: record.topic.to_string(),
+            offset: record.offset,
+            timestamp: record.timestamp,
+            key: record.key.map(<[u8]>::to_vec),
+            value: record.value.map(<[u8]>::to_vec),
+        });
+    }
 }
 
 /// One task of the worker.
@@ -122,6 +150,14 @@ impl Slots {
                 _ => None,
             })
             .collect()
+    }
+
+    /// When the running tasks' next wall-clock timer is due.
+    pub(crate) fn next_timer(&mut self) -> Option<Instant> {
+        self.running()
+            .into_iter()
+            .filter_map(|t| t.next_timer())
+            .min()
     }
 
     pub(crate) fn running_ids(&self) -> Vec<i32> {
@@ -267,6 +303,13 @@ impl Slots {
         }
     }
 
+    /// [`restore_failed`](Self::restore_failed) for each of `partitions`.
+    pub(crate) fn restore_failed_all(&mut self, partitions: &[i32]) {
+        for &p in partitions {
+            self.restore_failed(p);
+        }
+    }
+
     /// → Running.
     pub(crate) fn run(&mut self, task: Box<Task>) {
         let partition = task.id.partition;
@@ -313,6 +356,38 @@ impl Slots {
                 Released::Task(task)
             }
         }
+    }
+
+    /// Input partitions `partitions` are no longer assigned ([`release`](Self::release)): a
+    /// running task they end is closed if `close` (its last commit succeeded), else dropped
+    /// uncommitted. Returns the tasks they touched, and the input partitions of those this
+    /// worker still holds (the caller pauses them: the tasks no longer run).
+    pub(crate) fn release_all(
+        &mut self,
+        partitions: &[InputPartition],
+        close: bool,
+    ) -> (Vec<i32>, Vec<InputPartition>) {
+        let mut touched: Vec<i32> = Vec::new();
+        for ip in partitions {
+            touched.push(ip.partition);
+            if let Released::Task(task) = self.release(ip) {
+                if close {
+                    if let Err(e) = task.close() {
+                        tracing::warn!(worker = self.worker, error = %e, "closing a task failed");
+                    }
+                } else {
+                    drop(task);
+                }
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        let still_held = self
+            .held()
+            .into_iter()
+            .filter(|ip| touched.contains(&ip.partition))
+            .collect();
+        (touched, still_held)
     }
 
     /// Every restore and task is dropped; the slots keep the partitions they hold (the producer

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod model;
+
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::mpsc::Receiver;
@@ -183,6 +185,10 @@ impl CommitPath for ScriptedTransactions {
         true
     }
 
+    fn carries(&self, _: &[i32], _: &Task) -> bool {
+        true
+    }
+
     fn commit(
         &mut self,
         tasks: &mut [&mut Task],
@@ -204,13 +210,13 @@ impl CommitPath for ScriptedTransactions {
         outcome
     }
 
-    fn abandon(&mut self, why: &str) -> Result<(), TaskError> {
+    fn abandon(&mut self, why: &str) -> Result<bool, TaskError> {
         let mut log = self.log.lock().unwrap();
         log.aborts.push(why.to_string());
         if log.abort_fails {
             return Err(fenced());
         }
-        Ok(())
+        Ok(true)
     }
 
     fn renew(&mut self, _: &AppConfig) -> Result<(), TaskError> {
@@ -364,7 +370,7 @@ impl Harness {
     }
 
     fn running(&self, p: i32) -> bool {
-        matches!(self.core.slots.get(p), Some(Slot::Running(_)))
+        matches!(self.core.slots().get(p), Some(Slot::Running(_)))
     }
 }
 
@@ -396,7 +402,7 @@ fn a_worker_holding_only_some_of_a_tasks_inputs_keeps_them_paused_and_starts_not
     assert_eq!(h.states(), vec![(0, TaskState::Running)]);
     assert!(!h.input.is_paused(&ip("a", 0)) && !h.input.is_paused(&ip("b", 0)));
     assert!(h.input.is_paused(&ip("b", 1)), "task 1 still held in part");
-    assert!(h.core.health.is_ok());
+    assert!(h.core.health().is_ok());
 }
 
 #[test]
@@ -417,13 +423,13 @@ fn losing_one_input_of_a_running_task_commits_and_closes_it_and_pauses_its_other
         matches!(mode, CommitMode::Async),
         "never a commit without a time limit"
     );
-    assert!(h.core.unconfirmed.is_some(), "it is confirmed at shutdown");
+    assert!(h.core.awaits_confirmation(), "it is confirmed at shutdown");
     assert!(offsets.contains(&(ip("a", 0), 1)) && offsets.contains(&(ip("b", 0), 1)));
     assert!(
         h.input.is_paused(&ip("a", 0)),
         "a-0 is still ours but its task does not run"
     );
-    assert!(matches!(h.core.slots.get(0), Some(Slot::Incomplete { held }) if held.len() == 1));
+    assert!(matches!(h.core.slots().get(0), Some(Slot::Incomplete { held }) if held.len() == 1));
     drop(commits);
     // b-0 comes back: the task restores and runs again.
     h.assign_and_restore(&[ip("b", 0)]);
@@ -438,7 +444,7 @@ fn a_lost_assignment_drops_its_tasks_without_a_commit() {
     h.core.revoked(&h.input, &[ip("a", 0), ip("a", 1)], true);
     assert!(h.input.commits.borrow().is_empty(), "nothing committed");
     assert!(h.states().is_empty());
-    assert!(h.core.slots.is_empty());
+    assert!(h.core.slots().is_empty());
 }
 
 #[test]
@@ -519,10 +525,10 @@ fn exactly_once_an_aborted_commit_rewinds_every_task_to_its_committed_offsets() 
         "a new processor after the abort"
     );
     assert!(
-        h.core.backoff_until.is_some(),
+        h.core.take_backoff().is_some(),
         "a pause before starting over"
     );
-    assert!(h.core.health.is_ok());
+    assert!(h.core.health().is_ok());
     // The records come again and are processed again (their first effects were dropped).
     h.core.record(&h.input, &record("a", 0, 10, b"k"));
     assert_eq!(h.seen.lock().unwrap().records.len(), 3);
@@ -539,7 +545,7 @@ fn exactly_once_a_rewind_refused_the_committed_offsets_fails_the_worker() {
         .script
         .push_back(Ok(Committed::Aborted("blip".into())));
     h.core.commit(&h.input);
-    assert!(h.core.health.is_failed(), "{:?}", h.core.health);
+    assert!(h.core.health().is_failed(), "{:?}", h.core.health());
 }
 
 #[test]
@@ -554,7 +560,7 @@ fn exactly_once_aborts_in_a_row_are_bounded() {
             .push_back(Ok(Committed::Aborted("the broker does not answer".into())));
         h.core.commit(&h.input);
     }
-    let failure = std::mem::replace(&mut h.core.health, Health::Ok).into_failure();
+    let failure = h.core.finish();
     assert!(
         matches!(failure, Some(TaskError::RetriesExhausted { .. })),
         "{failure:?}"
@@ -598,9 +604,9 @@ fn a_start_that_cannot_learn_its_offsets_while_the_cluster_moves_asks_again() {
     h.input.fail_committed_times.set(1);
     h.core.assigned(&h.input, &[ip("a", 0)]);
     h.finish_restores();
-    assert!(h.core.health.is_ok(), "{:?}", h.core.health);
+    assert!(h.core.health().is_ok(), "{:?}", h.core.health());
     assert!(!h.running(0), "not started without its offsets");
-    assert!(h.core.backoff_until.is_some(), "asks again after a pause");
+    assert!(h.core.take_backoff().is_some(), "asks again after a pause");
     h.finish_restores();
     assert!(h.running(0), "started once the offsets are known");
     assert!(h.input.seeks.borrow().contains(&(ip("a", 0), 7)));
@@ -616,12 +622,12 @@ fn a_rewind_that_cannot_learn_its_offsets_while_the_cluster_moves_restores_again
     h.input.seeks.borrow_mut().clear();
     h.input.fail_committed_times.set(1);
     h.core.rewind(&h.input);
-    assert!(h.core.health.is_ok(), "{:?}", h.core.health);
+    assert!(h.core.health().is_ok(), "{:?}", h.core.health());
     assert!(
         !h.running(0),
         "restoring again, not running on from where it was"
     );
-    assert!(h.core.backoff_until.is_some(), "asks again after a pause");
+    assert!(h.core.take_backoff().is_some(), "asks again after a pause");
     h.finish_restores();
     assert!(h.running(0), "started once the offsets are known");
     assert!(h.input.seeks.borrow().contains(&(ip("a", 0), 7)));
@@ -633,11 +639,11 @@ fn exactly_once_a_fenced_producer_drops_every_task_and_is_replaced_once() {
     h.assign_and_restore(&[ip("a", 0), ip("a", 1)]);
     h.log.lock().unwrap().script.push_back(Err(fenced()));
     h.core.commit(&h.input);
-    assert!(matches!(h.core.health, Health::ProducerLost(_)));
+    assert!(matches!(h.core.health(), Health::ProducerLost(_)));
     // Reported again in the same round (a timer's write, the revocation): one event.
     h.core.commit(&h.input);
     h.core.replace_producer();
-    assert!(h.core.health.is_ok());
+    assert!(h.core.health().is_ok());
     assert_eq!(h.log.lock().unwrap().renewals, 1);
     assert!(h.states().is_empty(), "every task dropped");
     assert!(!h.running(0) && !h.running(1));
@@ -670,14 +676,14 @@ fn exactly_once_a_panicking_processor_fails_the_worker_and_nothing_is_committed(
     );
     h.assign_and_restore(&[ip("a", 0)]);
     h.core.record(&h.input, &record("a", 0, 0, b"panic"));
-    assert!(h.core.health.is_failed());
+    assert!(h.core.health().is_failed());
     let commits_before = h.log.lock().unwrap().commits;
     h.core.end(&h.input);
     let log = h.log.lock().unwrap();
     assert_eq!(log.commits, commits_before, "the shutdown does not commit");
     assert_eq!(log.aborts.len(), 1, "it aborts");
     drop(log);
-    match std::mem::replace(&mut h.core.health, Health::Ok).into_failure() {
+    match h.core.finish() {
         Some(TaskError::Panicked { task, step, .. }) => {
             assert_eq!(task, TaskId { partition: 0 });
             assert!(step.to_string().contains("a/0@0"), "{step}");
@@ -696,7 +702,7 @@ fn at_least_once_log_and_continue_skips_a_failing_record_and_commits_past_it() {
     h.assign_and_restore(&[ip("a", 0)]);
     h.core.record(&h.input, &record("a", 0, 0, b"bad"));
     h.core.record(&h.input, &record("a", 0, 1, b"k"));
-    assert!(h.core.health.is_ok());
+    assert!(h.core.health().is_ok());
     h.core.commit(&h.input);
     let (sent, _) = h.input.commits.borrow().last().cloned().unwrap();
     assert_eq!(sent, vec![(ip("a", 0), 2)]);
@@ -708,7 +714,7 @@ fn the_default_error_policy_fails_on_a_failing_record() {
     let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
     h.assign_and_restore(&[ip("a", 0)]);
     h.core.record(&h.input, &record("a", 0, 0, b"bad"));
-    assert!(h.core.health.is_failed());
+    assert!(h.core.health().is_failed());
 }
 
 #[test]
@@ -732,14 +738,14 @@ fn exactly_once_two_failing_records_in_one_transaction_each_reach_the_policy_wit
     for _ in 0..3 {
         pass(&mut h);
     }
-    assert!(h.core.health.is_ok(), "{:?}", h.core.health);
+    assert!(h.core.health().is_ok(), "{:?}", h.core.health());
     assert_eq!(
         h.log.lock().unwrap().aborts.len(),
         2,
         "one abort per failing record"
     );
     h.core.commit(&h.input);
-    assert!(h.core.health.is_ok(), "{:?}", h.core.health);
+    assert!(h.core.health().is_ok(), "{:?}", h.core.health());
     assert_eq!(h.log.lock().unwrap().aborts.len(), 2);
 }
 
@@ -767,13 +773,13 @@ fn exactly_once_a_dead_lettered_record_is_undone_first_then_skipped_when_it_come
     h.core.record(&h.input, &record("a", 0, 0, b"k"));
     h.core.record(&h.input, &record("a", 0, 1, b"bad"));
     h.core.record(&h.input, &record("a", 0, 2, b"k"));
-    assert!(h.core.health.is_ok(), "{:?}", h.core.health);
+    assert!(h.core.health().is_ok(), "{:?}", h.core.health());
     assert_eq!(h.log.lock().unwrap().aborts.len(), 1, "no second abort");
     let offsets: Vec<i64> = h.seen.lock().unwrap().records.iter().map(|r| r.2).collect();
     assert_eq!(offsets, vec![0, 0, 2]);
     assert!(!h.core.commit_requested());
     assert_eq!(
-        h.core.slots.task_mut(0).map(|t| {
+        h.core.slots_mut().task_mut(0).map(|t| {
             let mut tpl = TopicPartitionList::new();
             t.pending_offsets(&mut tpl);
             offsets_of(&tpl)
@@ -805,14 +811,14 @@ fn a_store_that_disagrees_with_its_changelog_restores_its_task_again_a_bounded_n
     let rec = record("a", 0, 0, b"k");
     for round in 1..=3 {
         h.core.task_failed(&h.input, Some(&rec), corrupted());
-        assert!(h.core.health.is_ok(), "round {round}");
+        assert!(h.core.health().is_ok(), "round {round}");
         assert!(h.input.is_paused(&ip("a", 0)));
         assert_eq!(h.states(), vec![(0, TaskState::Restoring)], "round {round}");
         h.finish_restores();
         assert!(h.running(0));
     }
     h.core.task_failed(&h.input, Some(&rec), corrupted());
-    let failure = std::mem::replace(&mut h.core.health, Health::Ok).into_failure();
+    let failure = h.core.finish();
     assert!(
         matches!(failure, Some(TaskError::Corrupted { restores: 3, .. })),
         "{failure:?}"
@@ -831,15 +837,15 @@ fn at_least_once_restores_again_are_bounded_through_periodic_commits_without_pro
     for round in 1..=3 {
         h.core
             .task_failed(&h.input, Some(&rec), foreign_write(10, 14));
-        assert!(h.core.health.is_ok(), "round {round}");
+        assert!(h.core.health().is_ok(), "round {round}");
         h.finish_restores();
         assert!(h.running(0));
         h.core.commit(&h.input);
-        assert!(h.core.health.is_ok(), "round {round}");
+        assert!(h.core.health().is_ok(), "round {round}");
     }
     h.core
         .task_failed(&h.input, Some(&rec), foreign_write(10, 14));
-    let failure = std::mem::replace(&mut h.core.health, Health::Ok).into_failure();
+    let failure = h.core.finish();
     assert!(
         matches!(failure, Some(TaskError::Corrupted { restores: 3, .. })),
         "{failure:?}"
@@ -852,11 +858,11 @@ fn at_least_once_restores_again_are_bounded_through_periodic_commits_without_pro
         let rec = record("a", 0, round, b"k");
         h.core
             .task_failed(&h.input, Some(&rec), foreign_write(10, 14));
-        assert!(h.core.health.is_ok(), "round {round}");
+        assert!(h.core.health().is_ok(), "round {round}");
         h.finish_restores();
         h.core.record(&h.input, &rec);
         h.core.commit(&h.input);
-        assert!(h.core.health.is_ok(), "round {round}");
+        assert!(h.core.health().is_ok(), "round {round}");
     }
 }
 
@@ -987,7 +993,7 @@ fn the_last_commit_is_confirmed_from_the_groups_offsets_without_a_commit_callbac
         "one offset fetch confirms it"
     );
     assert_eq!(h.input.commits.borrow().len(), 1, "nothing sent again");
-    assert!(h.core.unconfirmed.is_none());
+    assert!(!h.core.awaits_confirmation());
 }
 
 #[test]
@@ -1051,8 +1057,8 @@ fn a_last_commit_never_confirmed_gives_up_at_the_deadline() {
     h.core.end(&h.input);
     let deadline = std::time::Instant::now() + Duration::from_millis(200);
     assert!(!h.core.confirm_last_commit(&h.input, deadline));
-    assert!(std::time::Instant::now() >= deadline - super::core::CONFIRM_RETRY);
-    assert!(h.core.unconfirmed.is_some(), "still unconfirmed");
+    assert!(std::time::Instant::now() >= deadline - super::commit::CONFIRM_RETRY);
+    assert!(h.core.awaits_confirmation(), "still unconfirmed");
 }
 
 #[test]
@@ -1101,10 +1107,10 @@ fn a_fresh_assignment_asks_where_its_inputs_start_once_not_per_task() {
 fn an_assignment_while_the_worker_ends_is_no_failure() {
     let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
     h.core.end(&h.input);
-    h.core.stop_restorer();
+    assert!(h.core.finish().is_none(), "the worker did not fail");
     // Closing the consumer may still hand over an assignment of a rebalance under way.
     h.core.assigned(&h.input, &[ip("a", 0)]);
-    assert!(h.core.health.is_ok(), "the worker did not fail");
+    assert!(h.core.health().is_ok(), "the worker did not fail");
     assert!(!h.running(0));
 }
 
