@@ -8,8 +8,8 @@
 //! count seen twice or skipped fails the run.
 //!
 //! The example writes `--records` records over `--keys` keys to a new input topic, runs the
-//! count (`kstate_bench::topology::count_by_key`) until the output holds a count for each record,
-//! and verifies the output.
+//! count (a [`Processor`] of ten lines, `CountByKey` below) until the output holds a count for
+//! each record, and verifies the output.
 //!
 //! ```text
 //! KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --release --example exactly_once -- \
@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use clap::Parser;
-use kstate::kstate_task::{App, ProcessingGuarantee};
-use kstate_bench::kafka::{create_topic, producer, send};
-use kstate_bench::topology::count_by_key;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use kstate::rdkafka::consumer::{BaseConsumer, Consumer};
+use kstate::rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use kstate::rdkafka::message::Message;
+use kstate::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use kstate::rdkafka::{Offset, TopicPartitionList};
+use kstate::{App, BoxError, ClientProperties, Context, ProcessingGuarantee, Processor, Record};
+use kstate::{StoreHandle, StoreOptions, create_topic_if_missing};
 
 /// Counts keys exactly once and verifies every count in the output.
 #[derive(Parser)]
@@ -46,23 +46,52 @@ struct Args {
     partitions: i32,
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+/// The count per key, and `(key, count as decimal ASCII)` to the output for every record.
+struct CountByKey(StoreHandle<Vec<u8>, u64>, String);
+
+impl Processor for CountByKey {
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        let key = record.key.unwrap_or_default();
+        let counts = ctx.store(&self.0);
+        let count = counts.get(&key.to_vec())?.unwrap_or(0) + 1;
+        counts.put(&key.to_vec(), &count)?;
+        ctx.send(&self.1, key, Some(count.to_string().as_bytes()))?;
+        Ok(())
+    }
+}
+
+fn main() -> Result<()> {
     let args = Args::parse();
     let servers = args.bootstrap_servers.as_str();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
     let app_id = format!("exactly-once-{}", now.as_millis());
     let (input, output) = (format!("{app_id}-input"), format!("{app_id}-output"));
+    let client = ClientProperties::new(servers);
     for topic in [&input, &output] {
-        create_topic(servers, topic, args.partitions, &[]).await?;
+        // -1: the broker's default replication.
+        create_topic_if_missing(
+            &client,
+            topic,
+            args.partitions,
+            -1,
+            &[],
+            Duration::from_secs(30),
+        )?;
     }
-    let writer = producer(servers, 5, DefaultProducerContext)?;
+    let writer: BaseProducer = client.client_config().create()?;
     for i in 0..args.records {
         let key = format!("key-{}", i % args.keys);
-        send(
-            &writer,
-            BaseRecord::to(&input).key(key.as_bytes()).payload(&b""[..]),
-        );
+        let mut record = BaseRecord::<[u8], [u8]>::to(&input)
+            .key(key.as_bytes())
+            .payload(&b""[..]);
+        // A full queue empties as deliveries are served.
+        while let Err((e, back)) = writer.send(record) {
+            if e != KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) {
+                return Err(e.into());
+            }
+            writer.poll(Duration::from_millis(10));
+            record = back;
+        }
     }
     writer.flush(Duration::from_secs(60))?;
 
@@ -72,8 +101,9 @@ async fn main() -> Result<()> {
         .input(input)
         .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
         .state_dir(state.path());
-    // The task: kstate_bench::topology::count_by_key, every count sent to the output.
-    let (app, _counts) = count_by_key::build(&mut builder, &output, false)?;
+    let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
+    let to = output.clone();
+    let app = builder.build(move |_task| Box::new(CountByKey(counts.clone(), to.clone())))?;
     let running = app.start()?;
     let seen = read_committed(servers, &output, args.partitions, args.records);
     running.shutdown();
@@ -110,8 +140,8 @@ fn read_committed(
     partitions: i32,
     records: usize,
 ) -> Result<Vec<(Vec<u8>, u64)>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", servers)
+    let consumer: BaseConsumer = ClientProperties::new(servers)
+        .client_config()
         .set("group.id", format!("{topic}-verifier"))
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")

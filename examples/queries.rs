@@ -19,12 +19,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use clap::Parser;
-use kstate::kstate_core::BoxError;
-use kstate::kstate_task::{
-    App, Context, Processor, Record, StoreHandle, StoreOptions, partition_for,
-};
-use kstate_bench::kafka::{create_topic, producer, send};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
+use kstate::rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use kstate::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use kstate::{App, BoxError, ClientProperties, Context, Processor, Record, StoreHandle};
+use kstate::{StoreOptions, create_topic_if_missing, partition_for};
 
 /// Counts keys, then reads the counts from the running application.
 #[derive(Parser)]
@@ -56,23 +54,39 @@ impl Processor for Count {
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
     let args = Args::parse();
     let servers = args.bootstrap_servers.as_str();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
     let app_id = format!("queries-{}", now.as_millis());
     let input = format!("{app_id}-input");
-    create_topic(servers, &input, args.partitions, &[]).await?;
-    let writer = producer(servers, 5, DefaultProducerContext)?;
+    let client = ClientProperties::new(servers);
+    // -1: the broker's default replication.
+    create_topic_if_missing(
+        &client,
+        &input,
+        args.partitions,
+        -1,
+        &[],
+        Duration::from_secs(30),
+    )?;
+    let writer: BaseProducer = client.client_config().create()?;
     for i in 0..args.records {
         // Kafka's default partitioner, as Java producers use it: the partition a query routes to.
         let key = format!("user-{}", i % args.keys);
         let partition = partition_for(key.as_bytes(), args.partitions);
-        let record = BaseRecord::to(&input)
+        let mut record = BaseRecord::<[u8], [u8]>::to(&input)
             .partition(partition)
-            .key(key.as_bytes());
-        send(&writer, record.payload(&b""[..]));
+            .key(key.as_bytes())
+            .payload(&b""[..]);
+        // A full queue empties as deliveries are served.
+        while let Err((e, back)) = writer.send(record) {
+            if e != KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) {
+                return Err(e.into());
+            }
+            writer.poll(Duration::from_millis(10));
+            record = back;
+        }
     }
     writer.flush(Duration::from_secs(60))?;
 
@@ -92,7 +106,7 @@ async fn main() -> Result<()> {
             Instant::now() < deadline,
             "not every record processed after 120 s"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::thread::sleep(Duration::from_millis(100));
     }
 
     let query = running.query(&handle);
