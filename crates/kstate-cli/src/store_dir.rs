@@ -2,9 +2,12 @@
 //! kstate wrote first), or `<task directory>/<store>`: a store of a task, at the path where the
 //! older layout kept it. The task's stores are in the RocksDB the application's tasks share
 //! (`<state-dir>/<app-id>/rocksdb`, beside the task directories `<state-dir>/<app-id>/<p>`), or
-//! in a RocksDB of the task's own at the task directory (the layout before). The tool never
-//! creates a RocksDB where the user mistyped a path, and RocksDB's own lock refuses a directory
-//! a running application holds.
+//! in a RocksDB of the task's own at the task directory (the layout before). Where both exist
+//! (the application keeps a task's old RocksDB that holds a store it no longer declares, after
+//! moving the others into the shared one), the tool takes the store from where the application
+//! does: the shared RocksDB, once the store's position is there. The tool never creates a
+//! RocksDB where the user mistyped a path, and RocksDB's own lock refuses a directory a running
+//! application holds.
 
 use std::path::{Path, PathBuf};
 
@@ -52,15 +55,24 @@ fn in_shared(dir: &Path) -> Option<InShared<'_>> {
 
 /// Opens the existing store at `dir`.
 pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
-    if let Some((task, name)) = in_task(dir) {
-        let db = TaskDb::open_existing(task, &RocksDbOptions::default())
-            .with_context(|| format!("opening the task's RocksDB at {}", task.display()))?;
-        return Ok(db.store(name)?);
-    }
+    let old = in_task(dir);
     if let Some(at) = in_shared(dir) {
         let shared = SharedDb::open_existing(&at.rocksdb, &RocksDbOptions::default())
             .with_context(|| format!("opening the tasks' RocksDB at {}", at.rocksdb.display()))?;
-        return Ok(at.task_db(&shared)?.store(at.name)?);
+        // The application's order (kstate-kafka's `restore::adopt`): the shared RocksDB once it
+        // holds the store's position, else the task's own RocksDB not moved yet.
+        match at.task_db(&shared).and_then(|db| Ok(db.store(at.name)?)) {
+            Ok(store) if old.is_none() || !store.metadata_entries()?.is_empty() => {
+                return Ok(store);
+            }
+            Err(e) if old.is_none() => return Err(e),
+            Ok(_) | Err(_) => {}
+        }
+    }
+    if let Some((task, name)) = old {
+        let db = TaskDb::open_existing(task, &RocksDbOptions::default())
+            .with_context(|| format!("opening the task's RocksDB at {}", task.display()))?;
+        return Ok(db.store(name)?);
     }
     if !dir.join("CURRENT").is_file() {
         bail!(
@@ -100,11 +112,11 @@ pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
 }
 
 /// Where the store at `dir` is, for commands that may create it (`restore`, `reseed`): in its
-/// task's RocksDB when `dir` is `<task directory>/<store>`, else a directory of its own.
+/// task's RocksDB when `dir` is `<task directory>/<store>` (the shared one when the application
+/// has one: a store written there wins over the task's own RocksDB when the application next
+/// opens the task), else a directory of its own.
 pub(crate) fn location(dir: &Path) -> Result<StoreLocation> {
-    if in_task(dir).is_none()
-        && let Some(at) = in_shared(dir)
-    {
+    if let Some(at) = in_shared(dir) {
         let shared = SharedDb::open(&at.rocksdb, &[at.name], &RocksDbOptions::default())
             .with_context(|| format!("opening the tasks' RocksDB at {}", at.rocksdb.display()))?;
         return Ok(StoreLocation::InTask {

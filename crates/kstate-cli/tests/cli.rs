@@ -479,6 +479,73 @@ fn a_store_of_a_task_in_the_shared_rocksdb_is_inspected_and_verified_by_its_task
     Ok(())
 }
 
+/// A task directory an older kstate left is kept after its stores moved into the shared
+/// RocksDB when it also holds a store the application no longer declares: the tool reads (and
+/// restores into) the copy the application uses, not the stale one left behind.
+#[test]
+fn a_store_moved_into_the_shared_rocksdb_is_read_there_not_from_the_directory_kept_behind()
+-> Result<()> {
+    let servers = kstate_test_broker::bootstrap_servers()?;
+    let topic = kstate_test_broker::unique_topic("cli-kept");
+    let tmp = tempfile::tempdir()?;
+    let app = tmp.path().join("app");
+    let task_dir = app.join("3");
+    let put = |location: StoreLocation, keys: std::ops::Range<u32>| -> Result<()> {
+        let store = LoggedStore::open(
+            location,
+            &RocksDbOptions::default(),
+            config(&servers, &topic),
+        )?;
+        for i in keys {
+            store.put(format!("key-{i}").as_bytes(), b"v")?;
+        }
+        store.close()?;
+        Ok(())
+    };
+    // The older layout: the task's own RocksDB, with a store the application stops declaring.
+    {
+        let db = TaskDb::open(&task_dir, &["counts", "gone"], &RocksDbOptions::default())?;
+        db.store("gone")?.put(b"old", b"v")?;
+        put(
+            StoreLocation::InTask {
+                db,
+                name: "counts".into(),
+            },
+            0..5,
+        )?;
+    }
+    // The application now: `counts` moves into the shared RocksDB (the directory stays, for
+    // `gone`), and goes on there.
+    {
+        let shared = SharedDb::open(app.join("rocksdb"), &["counts"], &RocksDbOptions::default())?;
+        let db = shared.task(3, &task_dir)?;
+        kstate_kafka::move_task_directory(&db, &RocksDbOptions::default())?;
+        ensure!(
+            task_dir.join("CURRENT").is_file(),
+            "the old directory was kept"
+        );
+        put(
+            StoreLocation::InTask {
+                db,
+                name: "counts".into(),
+            },
+            5..10,
+        )?;
+    }
+    let counts = task_dir.join("counts");
+    let c = counts.to_str().context("path")?;
+    let inspected: Value = serde_json::from_str(&expect(
+        0,
+        &["inspect", c, "--bootstrap-servers", &servers, "--json"],
+    )?)?;
+    ensure!(
+        inspected["offset"] == 9,
+        "the stale copy was read (its last offset is 4): {inspected}"
+    );
+    expect(0, &["verify", c, "--bootstrap-servers", &servers])?;
+    Ok(())
+}
+
 #[test]
 fn a_directory_open_elsewhere_is_refused() -> Result<()> {
     let servers = kstate_test_broker::bootstrap_servers()?;
