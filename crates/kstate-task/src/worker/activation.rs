@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kstate_kafka::{CancelToken, RestoredStore, SharedProducer};
+use rdkafka::types::RDKafkaErrorCode;
 
 use crate::error::TaskError;
 use crate::ids::{InputPartition, TaskId};
@@ -30,8 +31,28 @@ pub(crate) const START_RETRY: Duration = Duration::from_millis(500);
 /// the timeout (a broker killed: KRaft fences it after 9 s). On the three-node cluster such an
 /// error failed the application ("fetch the committed offsets failed ... OperationTimedOut");
 /// the worker asks again instead.
+///
+/// A seek counts too when librdkafka refused it because it does not fetch the partition at the
+/// moment (`Local: Erroneous state`, or a stop still in progress): a rebalance is under way,
+/// and the partition is either handed over next, or revoked (and its task with it). Seen on the
+/// cluster: a member whose session timed out in a rolling restart got its partitions back and
+/// sought one before librdkafka started fetching it.
 pub(crate) fn in_motion(error: &TaskError) -> bool {
-    matches!(error, TaskError::Input { source, .. } if kstate_kafka::error_in_motion(source))
+    match error {
+        TaskError::Input {
+            operation: "seek",
+            source,
+            ..
+        } if matches!(
+            source.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::State | RDKafkaErrorCode::PreviousInProgress)
+        ) =>
+        {
+            true
+        }
+        TaskError::Input { source, .. } => kstate_kafka::error_in_motion(source),
+        _ => false,
+    }
 }
 
 /// Where a worker's restore jobs go: the process's restorer threads, until the worker ends.
@@ -230,6 +251,36 @@ mod tests {
         assert_eq!(
             offsets,
             BTreeMap::from([("a".to_string(), 4), ("b".to_string(), 9)])
+        );
+    }
+
+    fn refused(operation: &'static str, code: RDKafkaErrorCode) -> TaskError {
+        TaskError::Input {
+            operation,
+            topic: "a".into(),
+            partition: 0,
+            source: Box::new(rdkafka::error::KafkaError::OffsetFetch(code)),
+        }
+    }
+
+    #[test]
+    fn a_seek_refused_while_the_group_rebalances_is_in_motion_and_other_refusals_are_not() {
+        assert!(in_motion(&refused("seek", RDKafkaErrorCode::State)));
+        assert!(in_motion(&refused(
+            "seek",
+            RDKafkaErrorCode::PreviousInProgress
+        )));
+        assert!(in_motion(&refused(
+            "seek",
+            RDKafkaErrorCode::UnknownPartition
+        )));
+        assert!(!in_motion(&refused(
+            "seek",
+            RDKafkaErrorCode::InvalidArgument
+        )));
+        assert!(
+            !in_motion(&refused("pause", RDKafkaErrorCode::State)),
+            "only a seek's refusal says the partition is not fetched yet"
         );
     }
 

@@ -351,8 +351,18 @@ impl Core {
             // chaos run: four records of each input of one task, under exactly-once, with
             // their offsets committed).
             let next = self.slots.task_mut(p).map(|t| t.next_offsets(&offsets));
-            if let Err(e) = activation::seek(input, &self.app, p, next.unwrap_or_default()) {
-                return self.fail(e);
+            match activation::seek(input, &self.app, p, next.unwrap_or_default()) {
+                Ok(()) => {}
+                Err(e) if in_motion(&e) => {
+                    // The group rebalances (librdkafka does not fetch the partition yet): the
+                    // task must not run on from wherever the fetcher starts. It restores again
+                    // and starts over after a pause.
+                    tracing::warn!(worker = self.index, task = p, error = %e, "the task's input cannot be sought yet; it restores again and starts after a pause");
+                    self.backoff_until = Some(Instant::now() + START_RETRY);
+                    self.restart(input, p, "an input could not be sought");
+                    continue;
+                }
+                Err(e) => return self.fail(e),
             }
             if let Some(task) = self.slots.task_mut(p) {
                 task.resumed();
@@ -569,17 +579,7 @@ impl Core {
             ids.iter().flat_map(|p| self.slots.inputs_of(*p)).collect();
         let positions = match activation::start_positions(input, &self.app, &partitions) {
             Ok(c) => c,
-            Err(e) if in_motion(&e) => {
-                // As at a start ([`restored`](Self::restored)): the cluster is in motion. The
-                // tasks' stores are as at the last commit (the abort dropped the rest), so the
-                // held tasks are dropped and restore again, and their start asks again after a
-                // pause.
-                tracing::warn!(worker = self.index, error = %e, "where the inputs start again is not known yet; the tasks restore again and ask again");
-                self.dead_letters.rewound();
-                self.slots.drop_all();
-                self.backoff_until = Some(Instant::now() + START_RETRY);
-                return self.restore_held(input);
-            }
+            Err(e) if in_motion(&e) => return self.rewind_later(input, e),
             Err(e) => return self.fail(e),
         };
         metrics::counter!("kstate_task_rewinds").increment(1);
@@ -599,10 +599,24 @@ impl Core {
             if let Err(e) = task.rewind(path.producer(), &app.factory, &offsets) {
                 return self.fail(e);
             }
-            if let Err(e) = activation::seek(input, &self.app, p, offsets) {
-                return self.fail(e);
+            match activation::seek(input, &self.app, p, offsets) {
+                Ok(()) => {}
+                Err(e) if in_motion(&e) => return self.rewind_later(input, e),
+                Err(e) => return self.fail(e),
             }
         }
+    }
+
+    /// As at a start ([`restored`](Self::restored)): the cluster or the group is in motion (the
+    /// committed offsets not known yet, or a seek refused). The tasks' stores are as at the last
+    /// commit (the abort dropped the rest), so the held tasks are dropped and restore again, and
+    /// their start asks again after a pause.
+    fn rewind_later(&mut self, input: &dyn Input, error: TaskError) {
+        tracing::warn!(worker = self.index, %error, "the tasks cannot start over yet; they restore again and start after a pause");
+        self.dead_letters.rewound();
+        self.slots.drop_all();
+        self.backoff_until = Some(Instant::now() + START_RETRY);
+        self.restore_held(input);
     }
 
     /// Task `p`'s stores disagree with their changelogs (another writer's records, such as a
@@ -619,7 +633,14 @@ impl Core {
         }
         tracing::warn!(worker = self.index, task = partition, error = %error, "a store disagrees with its changelog: restoring the task again");
         metrics::counter!("kstate_task_restored_again").increment(1);
-        let rewind = self.abandon("a store disagrees with its changelog");
+        self.restart(input, partition, "a store disagrees with its changelog");
+    }
+
+    /// Task `partition` is dropped without a commit (under exactly-once with the open
+    /// transaction, and the other tasks start over) and restored again, its inputs paused
+    /// until it starts again from its committed offsets.
+    fn restart(&mut self, input: &dyn Input, partition: i32, why: &str) {
+        let rewind = self.abandon(why);
         if let Some(task) = self.slots.take_for_restore(partition) {
             drop(task);
         }

@@ -98,14 +98,23 @@ impl<C: ConsumerContext> Input for rdkafka::consumer::BaseConsumer<C> {
         offset: i64,
         timeout: Duration,
     ) -> Result<(), TaskError> {
-        Consumer::seek(
-            self,
+        // Through `seek_partitions`, whose answer keeps librdkafka's error code per partition
+        // (rust-rdkafka's `seek` turns it into text): a seek refused while a rebalance is under
+        // way must be told from one that cannot work.
+        let error = |e| input_error("seek", std::slice::from_ref(partition), e);
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(
             &partition.topic,
             partition.partition,
             Offset::Offset(offset),
-            timeout,
         )
-        .map_err(|e| input_error("seek", std::slice::from_ref(partition), e))
+        .map_err(error)?;
+        let sought = Consumer::seek_partitions(self, list, timeout).map_err(error)?;
+        sought
+            .elements()
+            .iter()
+            .try_for_each(|e| e.error())
+            .map_err(error)
     }
 
     fn committed(

@@ -57,6 +57,9 @@ struct FakeInput {
     fail_committed: Cell<bool>,
     /// This many offset fetches from now on fail (time out).
     fail_committed_times: Cell<usize>,
+    /// This many seeks from now on are refused as librdkafka refuses one of a partition whose
+    /// fetcher is not started (a rebalance under way): `Local: Erroneous state`.
+    refuse_seeks: Cell<usize>,
     log_starts_asked: Cell<usize>,
     /// This many commits from now on never reach the group (they failed).
     lose_commits: Cell<usize>,
@@ -93,6 +96,15 @@ impl Input for FakeInput {
     }
 
     fn seek(&self, partition: &InputPartition, offset: i64, _: Duration) -> Result<(), TaskError> {
+        if self.refuse_seeks.get() > 0 {
+            self.refuse_seeks.set(self.refuse_seeks.get() - 1);
+            return Err(TaskError::Input {
+                operation: "seek",
+                topic: partition.topic.clone(),
+                partition: partition.partition,
+                source: Box::new(KafkaError::OffsetFetch(RDKafkaErrorCode::State)),
+            });
+        }
         self.seeks.borrow_mut().push((partition.clone(), offset));
         Ok(())
     }
@@ -609,6 +621,72 @@ fn a_start_that_cannot_learn_its_offsets_while_the_cluster_moves_asks_again() {
     assert!(h.core.take_backoff().is_some(), "asks again after a pause");
     h.finish_restores();
     assert!(h.running(0), "started once the offsets are known");
+    assert!(h.input.seeks.borrow().contains(&(ip("a", 0), 7)));
+}
+
+/// The three-node cluster's repartition chaos run at the acceptance size: a member whose
+/// session timed out during a rolling restart got its partitions back, restored a task, and
+/// its seek to the task's start was refused (`Local: Erroneous state`: librdkafka had not
+/// started fetching the partition, the rebalance still under way); the application failed.
+/// The task now restores again and starts over after a pause, without the records it took.
+#[test]
+fn a_start_whose_seek_is_refused_while_the_group_rebalances_restores_again_and_starts_over() {
+    for guarantee in [
+        ProcessingGuarantee::AtLeastOnce,
+        ProcessingGuarantee::ExactlyOnce,
+    ] {
+        let mut h = harness(&["a"], guarantee, ErrorPolicy::Fail);
+        h.input.group.borrow_mut().insert(ip("a", 0), 7);
+        h.core.assigned(&h.input, &[ip("a", 0)]);
+        // Handed over before the pause took hold: taken when the task starts.
+        h.core.record(&h.input, &record("a", 0, 7, b"k"));
+        h.input.refuse_seeks.set(1);
+        h.finish_restores();
+        assert!(
+            h.core.health().is_ok(),
+            "{guarantee}: {:?}",
+            h.core.health()
+        );
+        assert!(
+            !h.running(0),
+            "{guarantee}: restoring again, not running unsought"
+        );
+        assert!(
+            h.input.is_paused(&ip("a", 0)),
+            "{guarantee}: paused meanwhile"
+        );
+        assert!(
+            h.core.take_backoff().is_some(),
+            "{guarantee}: again after a pause"
+        );
+        if guarantee == ProcessingGuarantee::ExactlyOnce {
+            assert_eq!(
+                h.log.lock().unwrap().aborts.len(),
+                1,
+                "the record it took is undone with the transaction"
+            );
+        }
+        h.finish_restores();
+        assert!(h.running(0), "{guarantee}: started once the seek is taken");
+        assert!(h.input.seeks.borrow().contains(&(ip("a", 0), 7)));
+        assert!(!h.input.is_paused(&ip("a", 0)));
+    }
+}
+
+/// As at a start: a rewind's seek refused while the group rebalances restores the tasks again.
+#[test]
+fn a_rewind_whose_seek_is_refused_while_the_group_rebalances_restores_again() {
+    let mut h = harness(&["a"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::Fail);
+    h.assign_and_restore(&[ip("a", 0)]);
+    h.input.group.borrow_mut().insert(ip("a", 0), 7);
+    h.input.seeks.borrow_mut().clear();
+    h.input.refuse_seeks.set(1);
+    h.core.rewind(&h.input);
+    assert!(h.core.health().is_ok(), "{:?}", h.core.health());
+    assert!(!h.running(0), "restoring again, not running on unsought");
+    assert!(h.core.take_backoff().is_some(), "again after a pause");
+    h.finish_restores();
+    assert!(h.running(0));
     assert!(h.input.seeks.borrow().contains(&(ip("a", 0), 7)));
 }
 
