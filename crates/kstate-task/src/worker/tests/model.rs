@@ -9,6 +9,9 @@
 //! - no offset commit names an input partition lost (until it is assigned again), nor an
 //!   offset past the records handed to the worker.
 //!
+//! A seek refused while the group rebalances is one of the steps: the task it starts restores
+//! again instead of running on from wherever the consumer was.
+//!
 //! The worker's loop is played as `worker::run` plays it: a lost producer is replaced and the
 //! held tasks restore again.
 
@@ -35,6 +38,8 @@ enum Op {
     AbortNextCommit,
     /// Exactly-once: the next commit finds the producer fenced.
     FenceNextCommit,
+    /// The next seek is refused as while the group rebalances.
+    RefuseNextSeek,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -50,6 +55,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(Op::Commit),
         1 => Just(Op::AbortNextCommit),
         1 => Just(Op::FenceNextCommit),
+        1 => Just(Op::RefuseNextSeek),
     ]
 }
 
@@ -122,6 +128,7 @@ fn apply(h: &mut Harness, model: &mut Model, op: &Op, transactional: bool) {
             h.log.lock().unwrap().script.push_back(Err(fenced()));
         }
         Op::AbortNextCommit | Op::FenceNextCommit => {}
+        Op::RefuseNextSeek => h.input.refuse_seeks.set(1),
     }
     // As the poll loop does: a lost producer is replaced, and the held tasks restore again.
     if matches!(h.core.health(), Health::ProducerLost(_)) {
