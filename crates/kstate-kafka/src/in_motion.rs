@@ -18,7 +18,7 @@ const PAUSE: Duration = Duration::from_millis(50);
 /// Whether a request's error may pass by itself once the cluster has settled: a partition
 /// without a leader (being elected, or its leader dead and not yet fenced), a new leader whose
 /// high watermark has not caught up yet, a connection to a broker that went away, a request
-/// that ran out of its time.
+/// that ran out of its time (sent, or still queued for a broker it could not reach).
 pub fn is_in_motion(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
@@ -39,6 +39,7 @@ pub fn is_in_motion(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::NetworkException
             | RDKafkaErrorCode::RequestTimedOut
             | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::TimedOutQueue
     )
 }
 
@@ -96,6 +97,16 @@ mod tests {
             }
         });
         assert_eq!(answer.ok(), Some(2));
+    }
+
+    /// The window store's chaos run on the cluster at the acceptance size: a task's start
+    /// asked for the committed offsets while the group coordinator's node was down, and the
+    /// request timed out in librdkafka's queue, never sent; the application failed.
+    #[test]
+    fn a_request_that_timed_out_in_the_queue_is_one_of_a_moving_cluster() {
+        assert!(error_in_motion(&KafkaError::MetadataFetch(
+            RDKafkaErrorCode::TimedOutQueue
+        )));
     }
 
     #[test]
