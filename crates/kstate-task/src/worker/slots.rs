@@ -209,10 +209,14 @@ impl Slots {
         &self,
         partitions: &[InputPartition],
     ) -> BTreeMap<i32, BTreeSet<String>> {
+        // A task that holds every input is `Incomplete` too until its restore begins.
+        let n_inputs = self.inputs().len();
         partitions
             .iter()
             .filter_map(|ip| match self.slots.get(&ip.partition) {
-                Some(Slot::Incomplete { held }) => Some((ip.partition, held.clone())),
+                Some(Slot::Incomplete { held }) if held.len() < n_inputs => {
+                    Some((ip.partition, held.clone()))
+                }
                 _ => None,
             })
             .collect()

@@ -417,6 +417,28 @@ fn a_worker_holding_only_some_of_a_tasks_inputs_keeps_them_paused_and_starts_not
     assert!(h.core.health().is_ok());
 }
 
+/// Every start warned that its tasks held "only some" of their inputs: a task that holds every
+/// input is still `Incomplete` until its restore begins, and was counted as held in part.
+#[test]
+fn a_task_that_holds_every_input_is_not_one_held_in_part() {
+    let mut h = harness(
+        &["a", "b"],
+        ProcessingGuarantee::AtLeastOnce,
+        ErrorPolicy::Fail,
+    );
+    let slots = h.core.slots_mut();
+    assert_eq!(slots.hold(&ip("a", 0)), None);
+    assert_eq!(slots.hold(&ip("a", 1)), None);
+    assert_eq!(slots.hold(&ip("b", 0)), Some(0), "task 0 holds both inputs");
+    let partitions = [ip("a", 0), ip("a", 1), ip("b", 0)];
+    let incomplete = h.core.slots().incomplete_among(&partitions);
+    assert_eq!(
+        incomplete.keys().copied().collect::<Vec<_>>(),
+        vec![1],
+        "only task 1 is held in part: {incomplete:?}"
+    );
+}
+
 #[test]
 fn losing_one_input_of_a_running_task_commits_and_closes_it_and_pauses_its_other_input() {
     let mut h = harness(
