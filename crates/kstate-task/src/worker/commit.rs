@@ -58,7 +58,9 @@ pub(crate) trait CommitPath: Send {
 
     /// Whether the last commit of the `ending` tasks carries `task`: under a transaction every
     /// task's work is in it.
-    fn carries(&self, ending: &[i32], task: &Task) -> bool;
+    fn carries(&self, ending: &[i32], task: &Task) -> bool {
+        self.shared_fate() || ending.contains(&task.id.partition)
+    }
 
     /// Commits `tasks`.
     fn commit(
@@ -133,10 +135,6 @@ impl CommitPath for AtLeastOnce {
 
     fn shared_fate(&self) -> bool {
         false
-    }
-
-    fn carries(&self, ending: &[i32], task: &Task) -> bool {
-        ending.contains(&task.id.partition)
     }
 
     fn commit(
@@ -298,10 +296,6 @@ impl CommitPath for Transactional {
     }
 
     fn shared_fate(&self) -> bool {
-        true
-    }
-
-    fn carries(&self, _ending: &[i32], _task: &Task) -> bool {
         true
     }
 

@@ -85,7 +85,7 @@ pub(crate) enum Slot {
 }
 
 /// What releasing an input partition ended.
-pub(crate) enum Released {
+enum Released {
     /// Nothing was running or restoring.
     Nothing,
     /// A restore, cancelled.
@@ -336,7 +336,7 @@ impl Slots {
     /// Input partition `ip` is no longer assigned: a restore of its task is cancelled, a
     /// running task is taken out for the caller to end; the slot keeps the inputs still held
     /// (the caller pauses them), or goes.
-    pub(crate) fn release(&mut self, ip: &InputPartition) -> Released {
+    fn release(&mut self, ip: &InputPartition) -> Released {
         let Some(slot) = self.slots.remove(&ip.partition) else {
             return Released::Nothing;
         };

@@ -197,10 +197,6 @@ impl CommitPath for ScriptedTransactions {
         true
     }
 
-    fn carries(&self, _: &[i32], _: &Task) -> bool {
-        true
-    }
-
     fn commit(
         &mut self,
         tasks: &mut [&mut Task],
