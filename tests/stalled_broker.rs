@@ -1,7 +1,9 @@
 //! A stalled broker:
 //! - readers never wait on it: while it keeps writers blocked on a full producer queue, `get`
 //!   and `scan` still answer from the overlay and RocksDB;
-//! - a commit bounded by its caller's timeout gives up without poisoning the store.
+//! - a commit bounded by its caller's timeout gives up without poisoning the store;
+//! - an application started while its broker is paused starts once it answers, within the
+//!   task timeout.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
@@ -13,6 +15,8 @@ use anyhow::{Result, ensure};
 use kstate::kstate_core::{Error, KeyValueStore};
 use kstate::kstate_kafka::{ChangelogConfig, Durability, LoggedStore};
 use kstate::kstate_rocksdb::{RocksDbOptions, RocksDbStore};
+use kstate::kstate_task::{App, TaskState};
+use kstate_bench::topology::count_by_key as count;
 use kstate_test_broker::{PrivateBroker, unique_topic};
 
 #[test]
@@ -169,5 +173,64 @@ fn a_bounded_commit_times_out_without_poisoning_the_store() -> Result<()> {
             raw.get(key)?
         );
     }
+    Ok(())
+}
+
+/// How long the broker stays paused while the application starts: longer than one metadata
+/// client is asked (30 s).
+const START_PAUSE: Duration = Duration::from_secs(35);
+
+/// A node paused, or in a rolling restart, when an application starts (seen on the three-node
+/// cluster: a member restarted after its kill): the start asks for its inputs' metadata again
+/// with new clients until the task timeout, and starts once the cluster answers. It used to
+/// give up after one client's 30 s ("fetch input metadata ... OperationTimedOut").
+#[test]
+fn an_application_started_while_its_broker_is_paused_starts_once_it_answers() -> Result<()> {
+    let broker = PrivateBroker::start()?;
+    let client = kstate::ClientProperties::from(broker.bootstrap_servers());
+    let input = unique_topic("paused-start-in");
+    let output = unique_topic("paused-start-out");
+    for topic in [&input, &output] {
+        kstate::create_topic_if_missing(&client, topic, 2, 1, &[], Duration::from_secs(30))?;
+    }
+    let state = tempfile::tempdir()?;
+    let mut builder = App::builder(unique_topic("paused-start"), client);
+    builder
+        .input(input)
+        .state_dir(state.path())
+        .task_timeout(Duration::from_secs(120));
+    let (app, _counts) = count::build(&mut builder, &output, false)?;
+
+    broker.pause()?;
+    let paused = Instant::now();
+    let broker = std::thread::spawn(move || {
+        std::thread::sleep(START_PAUSE);
+        broker.resume().map(|()| broker)
+    });
+    let started = app.start();
+    let broker = broker.join().unwrap()?;
+    let running = started
+        .map_err(|e| anyhow::anyhow!("the start failed after {:?}: {e}", paused.elapsed()))?;
+    ensure!(
+        paused.elapsed() >= START_PAUSE,
+        "started before the broker resumed: the test paused nothing"
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(running.tasks().len() == 2
+        && running
+            .tasks()
+            .iter()
+            .all(|t| t.state == TaskState::Running))
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "tasks did not run: {:?}",
+            running.tasks()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    running.shutdown();
+    ensure!(running.wait().is_ok(), "{:?}", running.wait());
+    drop(broker);
     Ok(())
 }

@@ -5,12 +5,9 @@
 
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use kstate_core::sync::lock;
-use kstate_kafka::ConnectionWatch;
 use kstate_rocksdb::SharedDb;
-use rdkafka::consumer::BaseConsumer;
 
 use crate::config::AppConfig;
 use crate::error::{TaskError, panic_message};
@@ -33,7 +30,7 @@ impl App {
 
     /// Checks the inputs (they exist and are co-partitioned) and starts the workers.
     pub fn start(self) -> Result<Running, TaskError> {
-        let partitions = input_partitions(&self.config)?;
+        let partitions = crate::input_check::input_partitions(&self.config)?;
         // The RocksDB holds files open: make room for as many as the hard limit allows.
         crate::open_files::raise_for(crate::open_files::needed(
             partitions,
@@ -83,71 +80,6 @@ fn thread_error(name: String, e: std::io::Error) -> TaskError {
         name,
         message: e.to_string(),
     }
-}
-
-/// The inputs' common partition count; an error if one is missing or they differ.
-fn input_partitions(config: &AppConfig) -> Result<i32, TaskError> {
-    let probe: BaseConsumer<ConnectionWatch> = config
-        .client
-        .client_config()
-        .create_with_context(ConnectionWatch::default())
-        .map_err(|source| TaskError::Consumer {
-            worker: 0,
-            operation: "create the metadata client",
-            inputs: config.inputs.join(","),
-            source: Box::new(config.client.redact_error(source)),
-        })?;
-    let mut counts = Vec::new();
-    for topic in &config.inputs {
-        // The first contact with the cluster: a wrong password or certificate ends it at once.
-        let metadata = kstate_kafka::fetch_metadata(&probe, Some(topic), Duration::from_secs(30))
-            .map_err(|source| TaskError::Cluster {
-            operation: "fetch input metadata",
-            bootstrap_servers: config.client.bootstrap_servers().to_string(),
-            source: Box::new(source),
-        })?;
-        let n = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic && t.error().is_none())
-            .map_or(0, |t| t.partitions().len() as i32);
-        if n == 0 {
-            return Err(TaskError::MissingInput {
-                topic: topic.clone(),
-                bootstrap_servers: config.client.bootstrap_servers().to_string(),
-            });
-        }
-        counts.push((topic.clone(), n));
-    }
-    if config.failure_detection.is_some() {
-        // The beacons are read from partition 0 only: a topic of several partitions would
-        // cover only the processes whose beacons land there, silently.
-        let topic = crate::liveness::topic(&config.application_id);
-        let metadata = kstate_kafka::fetch_metadata(&probe, Some(&topic), Duration::from_secs(30))
-            .map_err(|source| TaskError::Cluster {
-                operation: "fetch liveness topic metadata",
-                bootstrap_servers: config.client.bootstrap_servers().to_string(),
-                source: Box::new(source),
-            })?;
-        let partitions = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic && t.error().is_none())
-            .map_or(0, |t| t.partitions().len());
-        if partitions > 1 {
-            return Err(TaskError::LivenessTopic { topic, partitions });
-        }
-    }
-    let first = counts[0].1;
-    if counts.iter().any(|(_, n)| *n != first) {
-        let counts = counts
-            .iter()
-            .map(|(t, n)| format!("{t}={n}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        return Err(TaskError::NotCoPartitioned { counts });
-    }
-    Ok(first)
 }
 
 /// Starts the restorers, the liveness thread, the workers and the standby manager, pushing

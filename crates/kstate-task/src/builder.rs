@@ -41,6 +41,9 @@ impl App {
 /// every set of up to that many failed processes.
 const MAX_STANDBY_REPLICAS: u32 = 2;
 
+/// Kafka Streams' `task.timeout.ms` default ([`AppBuilder::task_timeout`]).
+const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Kafka's longest topic name.
 const MAX_TOPIC_NAME: usize = 249;
 
@@ -85,6 +88,7 @@ impl AppBuilder {
                 failure_detection: None,
                 transaction_timeout: Duration::from_secs(10),
                 error_policy: ErrorPolicy::default(),
+                task_timeout: DEFAULT_TASK_TIMEOUT,
             },
             group_protocol: None,
             instance_id_set: false,
@@ -190,6 +194,19 @@ impl AppBuilder {
     /// long. Records time out before it (at 90%).
     pub fn transaction_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.config.transaction_timeout = timeout;
+        self
+    }
+
+    /// How long a task may keep failing to start because the cluster is in motion (Kafka
+    /// Streams' `task.timeout.ms`, KIP-572, with its default of 5 minutes). A restore whose
+    /// broker did not answer within its open timeout, a start that could not learn where its
+    /// inputs start, a seek refused while the group rebalances: each is tried again, with new
+    /// clients, until the task has failed to start for this long; then the application fails
+    /// with [`TaskError::TimedOut`](crate::TaskError::TimedOut). The application's start asks
+    /// for its inputs' metadata for as long. A refused login or certificate fails at once
+    /// whatever this is; `Duration::ZERO` fails at the first such failure.
+    pub fn task_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.config.task_timeout = timeout;
         self
     }
 

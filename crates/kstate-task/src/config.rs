@@ -213,6 +213,9 @@ pub(crate) struct AppConfig {
     pub(crate) failure_detection: Option<Duration>,
     pub(crate) transaction_timeout: Duration,
     pub(crate) error_policy: ErrorPolicy,
+    /// How long a task may keep failing to start while the cluster is in motion, and the
+    /// application's start may keep asking for its inputs ([`crate::AppBuilder::task_timeout`]).
+    pub(crate) task_timeout: Duration,
 }
 
 impl AppConfig {

@@ -2,6 +2,8 @@
 //! offset involved — each failure its own variant, with no placeholder values: a failure that
 //! concerns no partition has no partition field.
 
+use std::time::Duration;
+
 use kstate_core::BoxError;
 use kstate_kafka::ChangelogError;
 
@@ -250,6 +252,23 @@ pub enum TaskError {
         restores: u32,
         /// The last disagreement.
         last: String,
+    },
+
+    /// A task kept failing to start, or the application its start, while the cluster did not
+    /// answer or was in motion, for the task timeout ([`crate::AppBuilder::task_timeout`]).
+    #[error(
+        "{what} could not start for {waited:?} (task timeout {timeout:?}); the last failure: {last}"
+    )]
+    TimedOut {
+        /// The task, or the application.
+        what: String,
+        /// How long it tried.
+        waited: Duration,
+        /// The task timeout.
+        timeout: Duration,
+        /// The last failure.
+        #[source]
+        last: Box<TaskError>,
     },
 
     /// A handler for a signal that stops the application could not be installed.

@@ -61,6 +61,7 @@ mod cache;
 mod config;
 mod error;
 mod ids;
+mod input_check;
 mod liveness;
 mod open_files;
 mod partitioner;

@@ -361,6 +361,15 @@ pub(crate) fn run(
                 ),
             })
         });
+        if let Err(TaskError::Restore { source, .. }) = &result
+            && matches!(**source, ChangelogError::BrokerUnreachable { .. })
+        {
+            // A client can keep asking a broker that does not answer (its connection to a
+            // paused node stays up), or keep a stale view of the cluster: the task restores
+            // again with new clients, and the other threads' next restores make new ones too.
+            clients.own = None;
+            lock(&clients.shared).take();
+        }
         // A worker that has ended no longer listens: its task is the next owner's.
         let _ = reply.send(Done { id, task, result });
     }

@@ -11,7 +11,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kstate_kafka::{CancelToken, RestoredStore, SharedProducer};
+use kstate_kafka::{CancelToken, ChangelogError, RestoredStore, SharedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::error::TaskError;
@@ -37,6 +37,12 @@ pub(crate) const START_RETRY: Duration = Duration::from_millis(500);
 /// and the partition is either handed over next, or revoked (and its task with it). Seen on the
 /// cluster: a member whose session timed out in a rolling restart got its partitions back and
 /// sought one before librdkafka started fetching it.
+///
+/// A restore counts when its broker did not answer within the open timeout with an error of a
+/// cluster in motion. Seen on the cluster: during a rolling restart a restore's watermark
+/// queries answered `Local: Unknown partition` for the whole open timeout, and the application
+/// failed while the other members restored at once. The restorer drops its clients after such
+/// a failure, so that the restore again asks with new ones.
 pub(crate) fn in_motion(error: &TaskError) -> bool {
     match error {
         TaskError::Input {
@@ -51,6 +57,10 @@ pub(crate) fn in_motion(error: &TaskError) -> bool {
             true
         }
         TaskError::Input { source, .. } => kstate_kafka::error_in_motion(source),
+        TaskError::Restore { source, .. } => matches!(
+            &**source,
+            ChangelogError::BrokerUnreachable { source, .. } if kstate_kafka::error_in_motion(source)
+        ),
         _ => false,
     }
 }

@@ -24,6 +24,7 @@ use crate::worker::health::{Health, ProducerLosses};
 use crate::worker::input::Input;
 use crate::worker::retries::{RestoreStreaks, Retries};
 use crate::worker::slots::{Buffered, Slots};
+use crate::worker::start_timeouts::StartTimeouts;
 
 /// A worker's state. Its fields are private: the poll loop and the rebalance callbacks change
 /// it only through the transitions below.
@@ -38,6 +39,8 @@ pub(crate) struct Core {
     retries: Retries,
     dead_letters: DeadLetters,
     restores: RestoreStreaks,
+    /// How long each task has failed to start while the cluster is in motion.
+    start_timeouts: StartTimeouts,
     /// After an abort: nothing is processed before this.
     backoff_until: Option<Instant>,
 }
@@ -53,6 +56,7 @@ impl Core {
         Core {
             index,
             slots: Slots::new(index, app.clone()),
+            start_timeouts: StartTimeouts::new(app.config.task_timeout),
             app,
             path,
             restorers: RestoreQueue::new(jobs, reply),
@@ -209,6 +213,9 @@ impl Core {
             }
         }
         let (touched, still_held) = self.slots.release_all(partitions, close);
+        for p in &touched {
+            self.start_timeouts.stopped(*p);
+        }
         // Its next owner meets its failing records on its own.
         self.dead_letters.forget(&touched);
         if let Err(e) = input.pause(&still_held) {
@@ -279,6 +286,7 @@ impl Core {
     /// one request for all of them), run the records buffered meanwhile, and resume.
     pub(crate) fn restored(&mut self, input: &dyn Input, done: Vec<Done>) {
         let mut ready = Vec::new();
+        let mut again = Vec::new();
         for done in done {
             let p = done.task.partition;
             let Some(restoring) = self.slots.finish_restore(p, done.id) else {
@@ -286,11 +294,23 @@ impl Core {
             };
             match done.result {
                 Ok(stores) => ready.push((done.task, restoring, stores)),
+                Err(e) if in_motion(&e) => {
+                    tracing::warn!(worker = self.index, task = p, error = %e, "the restore's broker did not answer; the task restores again");
+                    self.slots.restore_failed(p);
+                    if self.may_start_later(&[p], e) {
+                        again.push(p);
+                    }
+                }
                 Err(e) => {
                     self.slots.restore_failed(p);
                     self.fail(e);
                 }
             }
+        }
+        if self.health.is_ok() {
+            // Its records since the committed offsets may have been taken into the restore's
+            // buffer, now dropped: it reads them again.
+            self.start_restores(&again, true);
         }
         let tasks: Vec<i32> = ready.iter().map(|(task, _, _)| task.partition).collect();
         if tasks.is_empty() || !self.health.is_ok() {
@@ -307,8 +327,10 @@ impl Core {
                 // ask again, after a pause.
                 tracing::warn!(worker = self.index, error = %e, "where the inputs start is not known yet; the tasks restore again and ask again");
                 self.slots.restore_failed_all(&tasks);
-                self.backoff_until = Some(Instant::now() + START_RETRY);
-                self.start_restores(&tasks, true);
+                if self.may_start_later(&tasks, e) {
+                    self.backoff_until = Some(Instant::now() + START_RETRY);
+                    self.start_restores(&tasks, true);
+                }
                 return;
             }
             Err(e) => {
@@ -342,6 +364,7 @@ impl Core {
             };
             tracing::info!(worker = self.index, task = %id, "restored; running");
             self.slots.run(Box::new(task));
+            self.start_timeouts.stopped(p);
             if !restoring.reread {
                 self.process_buffered(input, p, restoring.buffered);
             }
@@ -358,6 +381,9 @@ impl Core {
                     // task must not run on from wherever the fetcher starts. It restores again
                     // and starts over after a pause.
                     tracing::warn!(worker = self.index, task = p, error = %e, "the task's input cannot be sought yet; it restores again and starts after a pause");
+                    if !self.may_start_later(&[p], e) {
+                        return;
+                    }
                     self.backoff_until = Some(Instant::now() + START_RETRY);
                     self.restart(input, p, "an input could not be sought");
                     continue;
@@ -613,10 +639,34 @@ impl Core {
     /// their start asks again after a pause.
     fn rewind_later(&mut self, input: &dyn Input, error: TaskError) {
         tracing::warn!(worker = self.index, %error, "the tasks cannot start over yet; they restore again and start after a pause");
+        if !self.may_start_later(&self.slots.running_ids(), error) {
+            return;
+        }
         self.dead_letters.rewound();
         self.slots.drop_all();
         self.backoff_until = Some(Instant::now() + START_RETRY);
         self.restore_held(input);
+    }
+
+    /// Tasks `partitions` could not start because the cluster is in motion (`error`, logged by
+    /// the caller): true while they may try again; once one of them has failed to start for the
+    /// task timeout, the worker fails with `error` and the result is false
+    /// ([`StartTimeouts`]).
+    fn may_start_later(&mut self, partitions: &[i32], error: TaskError) -> bool {
+        let now = Instant::now();
+        let expired = partitions
+            .iter()
+            .find_map(|&p| self.start_timeouts.failed(p, now).err().map(|w| (p, w)));
+        let Some((partition, waited)) = expired else {
+            return true;
+        };
+        self.fail(TaskError::TimedOut {
+            what: TaskId { partition }.to_string(),
+            waited,
+            timeout: self.start_timeouts.timeout(),
+            last: Box::new(error),
+        });
+        false
     }
 
     /// Task `p`'s stores disagree with their changelogs (another writer's records, such as a

@@ -58,6 +58,7 @@ pub(crate) mod health;
 pub(crate) mod input;
 pub(crate) mod retries;
 pub(crate) mod slots;
+mod start_timeouts;
 #[cfg(test)]
 mod tests;
 

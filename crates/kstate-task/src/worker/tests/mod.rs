@@ -13,13 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kstate_core::BoxError;
-use kstate_kafka::{ProducerConfig, SharedProducer, TransactionError};
+use kstate_kafka::{ChangelogError, ProducerConfig, SharedProducer, TransactionError};
 use rdkafka::consumer::{CommitMode, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::App;
 use crate::config::{AppConfig, ErrorPolicy, ProcessingGuarantee};
 use crate::error::TaskError;
 use crate::ids::{InputPartition, Record, TaskId};
@@ -34,6 +33,7 @@ use crate::worker::core::Core;
 use crate::worker::health::Health;
 use crate::worker::input::Input;
 use crate::worker::slots::Slot;
+use crate::{App, AppBuilder};
 
 fn ip(topic: &str, partition: i32) -> InputPartition {
     InputPartition::new(topic, partition)
@@ -293,11 +293,22 @@ struct Harness {
 }
 
 fn harness(inputs: &[&str], guarantee: ProcessingGuarantee, policy: ErrorPolicy) -> Harness {
+    harness_with(inputs, guarantee, |b| {
+        b.error_policy(policy);
+    })
+}
+
+/// A [`harness`] whose application `configure` sets up further.
+fn harness_with(
+    inputs: &[&str],
+    guarantee: ProcessingGuarantee,
+    configure: impl FnOnce(&mut AppBuilder),
+) -> Harness {
     let mut builder = App::builder("app", "127.0.0.1:1");
     for input in inputs {
         builder.input(*input);
     }
-    builder.error_policy(policy);
+    configure(&mut builder);
     let state = tempfile::tempdir().unwrap();
     builder.state_dir(state.path());
     let config = builder.resolved().unwrap();
@@ -727,6 +738,123 @@ fn a_rewind_that_cannot_learn_its_offsets_while_the_cluster_moves_restores_again
     h.finish_restores();
     assert!(h.running(0), "started once the offsets are known");
     assert!(h.input.seeks.borrow().contains(&(ip("a", 0), 7)));
+}
+
+/// A restore whose broker answered only `code` for the whole open timeout.
+fn unanswered_restore(job: Job, code: RDKafkaErrorCode) -> Done {
+    Done {
+        id: job.id,
+        task: job.task,
+        result: Err(TaskError::restore(
+            job.task,
+            ChangelogError::BrokerUnreachable {
+                bootstrap_servers: "127.0.0.1:1".into(),
+                topic: "app-counts-changelog".into(),
+                timeout: Duration::from_secs(30),
+                source: KafkaError::MetadataFetch(code),
+                last_error: None,
+            },
+        )),
+    }
+}
+
+/// The repartition chaos run on the three-node cluster: during a rolling restart one member's
+/// restore asked for its changelog's watermarks and got `Local: Unknown partition` for the
+/// whole open timeout, while the other members restored at once; the application failed. The
+/// task now restores again (the restorer with new clients).
+#[test]
+fn a_restore_whose_broker_did_not_answer_while_the_cluster_moves_restores_again() {
+    for guarantee in [
+        ProcessingGuarantee::AtLeastOnce,
+        ProcessingGuarantee::ExactlyOnce,
+    ] {
+        let mut h = harness(&["a"], guarantee, ErrorPolicy::Fail);
+        h.input.group.borrow_mut().insert(ip("a", 0), 7);
+        h.core.assigned(&h.input, &[ip("a", 0), ip("a", 1)]);
+        let jobs: Vec<Job> = h.jobs.try_iter().collect();
+        let done: Vec<Done> = jobs
+            .into_iter()
+            .map(|job| match job.task.partition {
+                0 => unanswered_restore(job, RDKafkaErrorCode::UnknownPartition),
+                _ => Done {
+                    id: job.id,
+                    task: job.task,
+                    result: Ok(Vec::new()),
+                },
+            })
+            .collect();
+        h.core.restored(&h.input, done);
+        assert!(
+            h.core.health().is_ok(),
+            "{guarantee}: {:?}",
+            h.core.health()
+        );
+        assert!(h.running(1), "{guarantee}: the other task runs");
+        assert!(!h.running(0), "{guarantee}: restoring again");
+        assert!(h.input.is_paused(&ip("a", 0)), "{guarantee}");
+        h.finish_restores();
+        assert!(h.running(0), "{guarantee}: started once restored");
+        assert!(h.input.seeks.borrow().contains(&(ip("a", 0), 7)));
+    }
+}
+
+/// A restore that failed for a reason no wait can fix (here a denied read) still fails the
+/// application at once.
+#[test]
+fn a_restore_refused_for_good_fails_at_once() {
+    let mut h = harness(&["a"], ProcessingGuarantee::AtLeastOnce, ErrorPolicy::Fail);
+    h.core.assigned(&h.input, &[ip("a", 0)]);
+    let job = h.jobs.try_recv().unwrap();
+    h.core.restored(
+        &h.input,
+        vec![unanswered_restore(
+            job,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        )],
+    );
+    assert!(!h.core.health().is_ok());
+    assert!(h.jobs.try_recv().is_err(), "not restored again");
+}
+
+/// Kafka Streams' `task.timeout.ms`: a task that keeps failing to start while the cluster is
+/// in motion fails the application once it has tried for the task timeout, with the last
+/// failure; a zero timeout fails at the first. Every path a start can fail by in motion is
+/// bounded: the restore, the committed offsets, the seek.
+#[test]
+fn a_task_that_cannot_start_for_the_task_timeout_fails_the_application() {
+    let timed_out = |h: &Harness| {
+        matches!(
+            h.core.health(),
+            Health::Failed(TaskError::TimedOut { what, .. }) if what == "task 0"
+        )
+    };
+    let zero = |b: &mut AppBuilder| {
+        b.task_timeout(Duration::ZERO);
+    };
+
+    let mut h = harness_with(&["a"], ProcessingGuarantee::ExactlyOnce, zero);
+    h.core.assigned(&h.input, &[ip("a", 0)]);
+    let job = h.jobs.try_recv().unwrap();
+    let done = unanswered_restore(job, RDKafkaErrorCode::OperationTimedOut);
+    h.core.restored(&h.input, vec![done]);
+    assert!(timed_out(&h), "restore: {:?}", h.core.health());
+    assert!(h.jobs.try_recv().is_err(), "not restored again");
+
+    let mut h = harness_with(&["a"], ProcessingGuarantee::ExactlyOnce, zero);
+    h.input.fail_committed_times.set(1);
+    h.assign_and_restore(&[ip("a", 0)]);
+    assert!(timed_out(&h), "committed offsets: {:?}", h.core.health());
+
+    let mut h = harness_with(&["a"], ProcessingGuarantee::ExactlyOnce, zero);
+    h.input.refuse_seeks.set(1);
+    h.assign_and_restore(&[ip("a", 0)]);
+    assert!(timed_out(&h), "seek: {:?}", h.core.health());
+
+    // The default (five minutes) tries again.
+    let mut h = harness(&["a"], ProcessingGuarantee::ExactlyOnce, ErrorPolicy::Fail);
+    h.input.fail_committed_times.set(1);
+    h.assign_and_restore(&[ip("a", 0)]);
+    assert!(h.core.health().is_ok(), "{:?}", h.core.health());
 }
 
 #[test]
