@@ -13,7 +13,10 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, ConfigResource, ConfigResourceResult, NewTopic, ResourceSpecifier,
+    TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::KafkaError;
@@ -294,31 +297,38 @@ fn verify_topic(
     // DescribeConfigs to the broker its metadata names as the controller (KRaft names any live
     // broker), and a client whose named broker was just killed kept asking it until the open
     // timed out (tests/cluster_faults.rs in CI).
+    // A broker can answer a just-created topic's DescribeConfigs before it has its settings
+    // (seen in CI on the cluster: "cleanup.policy=\"\"" for a topic created compacted a moment
+    // before): such an answer is asked again until the open timeout, like an error of a cluster
+    // in motion; an error that is not one fails, naming its code.
+    let deadline = std::time::Instant::now() + config.open_timeout;
     let mut asked = 0;
-    let resource = crate::retry_in_motion(config.open_timeout, |left| {
-        asked += 1;
-        let fresh: AdminClient<DefaultClientContext>;
-        let admin = if asked == 1 {
-            admin
-        } else {
-            fresh = config
-                .client
-                .client_config()
-                .create()
-                .map_err(|e| config.client.redact_error(e))?;
-            &fresh
-        };
-        let options = AdminOptions::new().request_timeout(Some(left.min(DESCRIBE_ATTEMPT)));
-        let topic = ResourceSpecifier::Topic(&config.topic);
-        match block_on(admin.describe_configs(&[topic], &options))?
-            .into_iter()
-            .next()
-        {
-            Some(Err(code)) if crate::is_in_motion(code) => Err(KafkaError::AdminOp(code)),
-            described => Ok(described.and_then(Result::ok)),
+    let resource = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let answer = crate::retry_in_motion(left, |left| {
+            asked += 1;
+            let fresh: AdminClient<DefaultClientContext>;
+            let admin = if asked == 1 {
+                admin
+            } else {
+                fresh = config
+                    .client
+                    .client_config()
+                    .create()
+                    .map_err(|e| config.client.redact_error(e))?;
+                &fresh
+            };
+            let options = AdminOptions::new().request_timeout(Some(left.min(DESCRIBE_ATTEMPT)));
+            let topic = ResourceSpecifier::Topic(&config.topic);
+            described(block_on(admin.describe_configs(&[topic], &options))?)
+        })
+        .map_err(|source| kafka(config, "describe changelog topic", source))?;
+        match answer {
+            Described::Settings(resource) => break Some(resource),
+            Described::NotYet if std::time::Instant::now() >= deadline => break None,
+            Described::NotYet => std::thread::sleep(std::time::Duration::from_millis(100)),
         }
-    })
-    .map_err(|source| kafka(config, "describe changelog topic", source))?;
+    };
     let setting = |name: &str| {
         resource
             .as_ref()
@@ -368,6 +378,31 @@ fn verify_topic(
 
 /// How long one ask for a changelog's settings waits before it is asked again.
 const DESCRIBE_ATTEMPT: Duration = Duration::from_secs(5);
+
+/// A topic's DescribeConfigs, as [`verify_topic`] takes it.
+#[derive(Debug)]
+enum Described {
+    /// The topic's settings, its cleanup policy among them.
+    Settings(ConfigResource),
+    /// An answer without the topic's settings: the broker has not applied its creation yet.
+    NotYet,
+}
+
+/// What one DescribeConfigs of one topic answered: its settings, not yet, or its error (one of
+/// a cluster in motion is asked again by [`crate::retry_in_motion`], others fail).
+fn described(answer: Vec<ConfigResourceResult>) -> Result<Described, KafkaError> {
+    match answer.into_iter().next() {
+        Some(Ok(resource))
+            if resource
+                .get("cleanup.policy")
+                .is_some_and(|e| e.value.is_some()) =>
+        {
+            Ok(Described::Settings(resource))
+        }
+        Some(Ok(_)) | None => Ok(Described::NotYet),
+        Some(Err(code)) => Err(KafkaError::AdminOp(code)),
+    }
+}
 
 /// On a cluster of at least this many brokers a changelog is expected to survive the loss of
 /// one: three replicas and `min.insync.replicas` of two (Kafka Streams' production advice).
@@ -446,6 +481,57 @@ pub fn create_topic_if_missing(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::admin::{ConfigEntry, ConfigSource, OwnedResourceSpecifier};
+
+    fn topic_settings_answer(entries: &[(&str, Option<&str>)]) -> ConfigResourceResult {
+        Ok(ConfigResource {
+            specifier: OwnedResourceSpecifier::Topic("changelog".into()),
+            entries: entries
+                .iter()
+                .map(|(name, value)| ConfigEntry {
+                    name: (*name).into(),
+                    value: value.map(Into::into),
+                    source: ConfigSource::DynamicTopic,
+                    is_read_only: false,
+                    is_default: false,
+                    is_sensitive: false,
+                })
+                .collect(),
+        })
+    }
+
+    /// CI on the three-node cluster: a topic created compacted a moment before was described
+    /// without its settings, and the check failed with "cleanup.policy=\"\"". Such an answer is
+    /// asked again; a refusal fails, naming its code.
+    #[test]
+    fn a_description_without_the_topics_settings_is_not_yet_one() {
+        let settings = described(vec![topic_settings_answer(&[(
+            "cleanup.policy",
+            Some("compact"),
+        )])]);
+        assert!(
+            matches!(settings, Ok(Described::Settings(_))),
+            "{settings:?}"
+        );
+        for not_yet in [
+            vec![],
+            vec![topic_settings_answer(&[])],
+            vec![topic_settings_answer(&[("cleanup.policy", None)])],
+        ] {
+            let answer = described(not_yet);
+            assert!(matches!(answer, Ok(Described::NotYet)), "{answer:?}");
+        }
+        let refused = described(vec![Err(RDKafkaErrorCode::TopicAuthorizationFailed)]);
+        assert!(
+            matches!(
+                refused,
+                Err(KafkaError::AdminOp(
+                    RDKafkaErrorCode::TopicAuthorizationFailed
+                ))
+            ),
+            "{refused:?}"
+        );
+    }
 
     #[test]
     fn a_changelog_that_one_broker_loss_can_lose_is_warned_about_on_a_production_cluster() {
