@@ -201,7 +201,8 @@ impl AppBuilder {
     /// Streams' `task.timeout.ms`, KIP-572, with its default of 5 minutes). A restore whose
     /// broker did not answer within its open timeout, a start that could not learn where its
     /// inputs start, a seek refused while the group rebalances: each is tried again, with new
-    /// clients, until the task has failed to start for this long; then the application fails
+    /// clients, until the task has failed to start for this long (under exactly-once a
+    /// worker's transactional producer whose init met a moving coordinator too); then the application fails
     /// with [`TaskError::TimedOut`](crate::TaskError::TimedOut). The application's start asks
     /// for its inputs' metadata for as long. A refused login or certificate fails at once
     /// whatever this is; `Duration::ZERO` fails at the first such failure.

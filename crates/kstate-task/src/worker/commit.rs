@@ -19,9 +19,9 @@ use kstate_kafka::SharedProducer;
 use rdkafka::consumer::CommitMode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::config::AppConfig;
 use crate::error::TaskError;
 use crate::ids::InputPartition;
+use crate::shared::AppShared;
 use crate::task::Task;
 use crate::worker::input::Input;
 
@@ -76,7 +76,7 @@ pub(crate) trait CommitPath: Send {
     fn abandon(&mut self, why: &str) -> Result<bool, TaskError>;
 
     /// The producer could not go on: a new one.
-    fn renew(&mut self, config: &AppConfig) -> Result<(), TaskError>;
+    fn renew(&mut self, app: &AppShared) -> Result<(), TaskError>;
 
     /// The consumer's commit callback answered: the group holds the offsets sent.
     fn offsets_committed(&mut self) {}
@@ -99,10 +99,8 @@ pub(crate) trait CommitPath: Send {
 }
 
 /// The commit path of `config`'s guarantee, with a new producer.
-pub(crate) fn for_config(
-    config: &AppConfig,
-    worker: usize,
-) -> Result<Box<dyn CommitPath>, TaskError> {
+pub(crate) fn for_config(app: &AppShared, worker: usize) -> Result<Box<dyn CommitPath>, TaskError> {
+    let config = &app.config;
     Ok(match config.guarantee {
         crate::config::ProcessingGuarantee::AtLeastOnce => Box::new(AtLeastOnce {
             worker,
@@ -113,7 +111,7 @@ pub(crate) fn for_config(
         }),
         crate::config::ProcessingGuarantee::ExactlyOnce => Box::new(Transactional {
             worker,
-            producer: Transactional::producer_for(config, worker)?,
+            producer: Transactional::producer_for(app, worker)?,
             timeout: config.commit_timeout(),
         }),
     })
@@ -196,8 +194,8 @@ impl CommitPath for AtLeastOnce {
         Ok(false)
     }
 
-    fn renew(&mut self, config: &AppConfig) -> Result<(), TaskError> {
-        self.producer = SharedProducer::with_config(&config.producer_config())
+    fn renew(&mut self, app: &AppShared) -> Result<(), TaskError> {
+        self.producer = SharedProducer::with_config(&app.config.producer_config())
             .map_err(|e| TaskError::producer(self.worker, e))?;
         Ok(())
     }
@@ -280,13 +278,8 @@ pub(crate) struct Transactional {
 
 impl Transactional {
     /// Creating it fences this worker's previous incarnation and aborts its open transaction.
-    fn producer_for(config: &AppConfig, worker: usize) -> Result<SharedProducer, TaskError> {
-        SharedProducer::transactional_with(
-            &config.producer_config(),
-            config.transactional_id(worker),
-            config.transaction_timeout,
-        )
-        .map_err(|e| TaskError::producer(worker, e))
+    fn producer_for(app: &AppShared, worker: usize) -> Result<SharedProducer, TaskError> {
+        crate::worker::transactional_start::open(app, worker)
     }
 }
 
@@ -351,8 +344,8 @@ impl CommitPath for Transactional {
         Ok(true)
     }
 
-    fn renew(&mut self, config: &AppConfig) -> Result<(), TaskError> {
-        self.producer = Self::producer_for(config, self.worker)?;
+    fn renew(&mut self, app: &AppShared) -> Result<(), TaskError> {
+        self.producer = Self::producer_for(app, self.worker)?;
         metrics::counter!("kstate_task_producers_renewed").increment(1);
         Ok(())
     }

@@ -740,7 +740,7 @@ impl Core {
         }
         self.slots.drop_all();
         self.dead_letters.clear();
-        match self.path.renew(&self.app.config) {
+        match self.path.renew(&self.app) {
             Ok(()) => self.health.recovered(),
             Err(e) => self.fail(e),
         }

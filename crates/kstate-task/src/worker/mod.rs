@@ -61,6 +61,7 @@ pub(crate) mod slots;
 mod start_timeouts;
 #[cfg(test)]
 mod tests;
+mod transactional_start;
 
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -88,7 +89,7 @@ pub(crate) fn run(index: usize, app: Arc<AppShared>, jobs: Sender<Job>) -> Resul
     // Under exactly-once, before the consumer subscribes: creating the transactional producer
     // fences this worker's previous incarnation and aborts its open transaction, which must not
     // hold any restore of ours back.
-    let path = commit::for_config(config, index)?;
+    let path = commit::for_config(&app, index)?;
     let (reply, done) = std::sync::mpsc::channel::<Done>();
     let state = Arc::new(Mutex::new(Core::new(index, app.clone(), path, jobs, reply)));
     let inputs = config.inputs.join(",");

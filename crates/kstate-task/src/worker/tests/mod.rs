@@ -19,7 +19,7 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::config::{AppConfig, ErrorPolicy, ProcessingGuarantee};
+use crate::config::{ErrorPolicy, ProcessingGuarantee};
 use crate::error::TaskError;
 use crate::ids::{InputPartition, Record, TaskId};
 use crate::processor::{Context, Processor};
@@ -227,7 +227,7 @@ impl CommitPath for ScriptedTransactions {
         Ok(true)
     }
 
-    fn renew(&mut self, _: &AppConfig) -> Result<(), TaskError> {
+    fn renew(&mut self, _: &AppShared) -> Result<(), TaskError> {
         self.log.lock().unwrap().renewals += 1;
         Ok(())
     }
@@ -328,7 +328,7 @@ fn harness_with(
     ));
     let log = Arc::new(Mutex::new(PathLog::default()));
     let path: Box<dyn CommitPath> = match guarantee {
-        ProcessingGuarantee::AtLeastOnce => commit::for_config(&app.config, 0).unwrap(),
+        ProcessingGuarantee::AtLeastOnce => commit::for_config(&app, 0).unwrap(),
         ProcessingGuarantee::ExactlyOnce => Box::new(ScriptedTransactions {
             producer: SharedProducer::with_config(&ProducerConfig::new("127.0.0.1:1")).unwrap(),
             log: log.clone(),
