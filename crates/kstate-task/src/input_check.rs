@@ -10,7 +10,7 @@
 //! cluster: a member restarted during a rolling restart followed by a node's 35 s pause gave up
 //! after one client's 30 s.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kstate_kafka::{ConnectionWatch, MetadataError};
 use rdkafka::consumer::BaseConsumer;
@@ -73,34 +73,23 @@ fn topic_metadata(
     topic: &str,
     operation: &'static str,
 ) -> Result<Metadata, TaskError> {
-    let started = Instant::now();
-    let cluster_error = |source| TaskError::Cluster {
-        operation,
-        bootstrap_servers: config.client.bootstrap_servers().to_string(),
-        source: Box::new(source),
-    };
-    for attempt in 1.. {
-        let client = metadata_client(config)?;
-        let e = match kstate_kafka::fetch_metadata(&client, Some(topic), ATTEMPT) {
-            Ok(metadata) => return Ok(metadata),
-            Err(e @ MetadataError::Timeout { .. }) => e,
-            Err(e) => return Err(cluster_error(e)),
-        };
-        let waited = started.elapsed();
-        if waited < config.task_timeout {
-            tracing::warn!(topic, error = %e, ?waited, task_timeout = ?config.task_timeout, "the cluster did not answer; asking again with a new client");
-        } else if attempt == 1 {
-            return Err(cluster_error(e));
-        } else {
-            return Err(TaskError::TimedOut {
-                what: "the application".to_string(),
-                waited,
-                timeout: config.task_timeout,
-                last: Box::new(cluster_error(e)),
-            });
-        }
-    }
-    unreachable!("the attempts never end but by a return")
+    let unanswered = |e: &TaskError| matches!(e, TaskError::Cluster { source, .. } if matches!(**source, MetadataError::Timeout { .. }));
+    crate::start_retry::until_task_timeout(
+        "the application",
+        config.task_timeout,
+        &|| false,
+        unanswered,
+        || {
+            let client = metadata_client(config)?;
+            kstate_kafka::fetch_metadata(&client, Some(topic), ATTEMPT).map_err(|source| {
+                TaskError::Cluster {
+                    operation,
+                    bootstrap_servers: config.client.bootstrap_servers().to_string(),
+                    source: Box::new(source),
+                }
+            })
+        },
+    )
 }
 
 fn metadata_client(config: &AppConfig) -> Result<BaseConsumer<ConnectionWatch>, TaskError> {

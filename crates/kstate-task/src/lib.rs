@@ -73,6 +73,7 @@ mod restorer;
 mod shared;
 mod signals;
 mod standby;
+mod start_retry;
 mod status;
 mod stores;
 mod task;

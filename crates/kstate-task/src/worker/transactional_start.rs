@@ -10,8 +10,6 @@
 //! timeout ([`AppBuilder::task_timeout`](crate::AppBuilder::task_timeout)); a fenced or
 //! refused one fails at once.
 
-use std::time::Instant;
-
 use kstate_kafka::{ChangelogError, SharedProducer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -23,25 +21,22 @@ use crate::shared::AppShared;
 /// in motion, until the task timeout or the application stops.
 pub(crate) fn open(app: &AppShared, worker: usize) -> Result<SharedProducer, TaskError> {
     let config = &app.config;
-    let started = Instant::now();
-    loop {
-        let opened = SharedProducer::transactional_with(
-            &config.producer_config(),
-            config.transactional_id(worker),
-            config.transaction_timeout,
-        );
-        match opened {
-            Ok(producer) => return Ok(producer),
-            Err(e)
-                if init_in_motion(&e)
-                    && started.elapsed() < config.task_timeout
-                    && !app.stopping() =>
-            {
-                tracing::warn!(worker, error = %e, waited = ?started.elapsed(), "the transactional producer could not start while the cluster is in motion; a new one tries again");
-            }
-            Err(e) => return Err(TaskError::producer(worker, e)),
-        }
-    }
+    let in_motion =
+        |e: &TaskError| matches!(e, TaskError::Producer { source, .. } if init_in_motion(source));
+    crate::start_retry::until_task_timeout(
+        &format!("worker {worker}'s transactional producer"),
+        config.task_timeout,
+        &|| app.stopping(),
+        in_motion,
+        || {
+            SharedProducer::transactional_with(
+                &config.producer_config(),
+                config.transactional_id(worker),
+                config.transaction_timeout,
+            )
+            .map_err(|e| TaskError::producer(worker, e))
+        },
+    )
 }
 
 /// Whether opening a transactional producer failed only because the cluster is in motion.
