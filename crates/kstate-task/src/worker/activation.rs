@@ -1,15 +1,15 @@
-//! How a task comes to run, as functions over the application and the input that hold no
-//! worker state: the restore jobs of an assignment (one batch, so that a restorer asks for the
+//! How a task comes to run, as functions over the application, the input and the worker's
+//! [`Slots`]: the restore jobs of an assignment (one batch, so that a restorer asks for the
 //! ends of all their changelogs at once), where each task's inputs start (the group's committed
-//! offsets, or the log's start or end), and the seek there. The worker's [`Core`] calls them
-//! and applies what they return; none of them calls it back.
+//! offsets, or the log's start or end), a restored task's start, the seek there, and the
+//! rewind of every running task after an abort. The worker's [`Core`] calls them and applies
+//! what they return; none of them calls it back.
 //!
 //! [`Core`]: crate::worker::core::Core
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use kstate_kafka::{CancelToken, ChangelogError, RestoredStore, SharedProducer};
 use rdkafka::types::RDKafkaErrorCode;
@@ -21,10 +21,8 @@ use crate::shared::AppShared;
 use crate::status::Progress;
 use crate::task::Task;
 use crate::worker::input::Input;
-
-/// How long a worker waits before it asks again where its tasks' inputs start, while the
-/// cluster is in motion.
-pub(crate) const START_RETRY: Duration = Duration::from_millis(500);
+use crate::worker::recovery::Recovery;
+use crate::worker::slots::{Restoring, Slots};
 
 /// Whether `error` is a request to the cluster that failed only because the cluster is in
 /// motion ([`kstate_kafka::error_in_motion`]): the group coordinator or a leader moving past
@@ -67,6 +65,7 @@ pub(crate) fn in_motion(error: &TaskError) -> bool {
 
 /// Where a worker's restore jobs go: the process's restorer threads, until the worker ends.
 pub(crate) struct RestoreQueue {
+    worker: usize,
     /// `None` once the worker ends (the restorers end when every worker's sender is gone).
     jobs: Option<Sender<Job>>,
     /// Where the restorers answer this worker's jobs.
@@ -75,8 +74,9 @@ pub(crate) struct RestoreQueue {
 }
 
 impl RestoreQueue {
-    pub(crate) fn new(jobs: Sender<Job>, reply: Sender<Done>) -> Self {
+    pub(crate) fn new(worker: usize, jobs: Sender<Job>, reply: Sender<Done>) -> Self {
         RestoreQueue {
+            worker,
             jobs: Some(jobs),
             reply,
             next_job: 0,
@@ -88,12 +88,120 @@ impl RestoreQueue {
         self.jobs = None;
     }
 
-    pub(crate) fn is_closed(&self) -> bool {
-        self.jobs.is_none()
+    /// Starts restoring the tasks of `partitions` (their slots → Restoring), as one batch: a
+    /// restorer asks for the ends of all their changelogs at once before it restores the first
+    /// of them. `reread`: their inputs were consumed past the committed offsets
+    /// ([`Restoring::reread`](crate::worker::slots::Restoring::reread)). Once the worker is
+    /// ending (its consumer closing), an assignment that arrives is left to the next owner: it
+    /// is no failure.
+    pub(crate) fn start(
+        &mut self,
+        app: &AppShared,
+        slots: &mut Slots,
+        partitions: &[i32],
+        reread: bool,
+    ) -> Result<(), TaskError> {
+        if partitions.is_empty() {
+            return Ok(());
+        }
+        if self.jobs.is_none() {
+            tracing::debug!(
+                worker = self.worker,
+                ?partitions,
+                "assigned while ending; not restored"
+            );
+            return Ok(());
+        }
+        for job in self.jobs(app, partitions) {
+            let (cancel, progress) = (job.cancel.clone(), job.progress.clone());
+            slots.begin_restore(job.task.partition, job.id, cancel, progress, reread);
+            self.send(job)?;
+        }
+        Ok(())
+    }
+
+    /// Restores finished (`done`): the tasks ready to start (out of their slots until the
+    /// caller runs them, or gives them back with [`Slots::restore_failed`]), with where their inputs start, fetched in one request for all of
+    /// them. A restore whose broker did not answer while the cluster is in motion restores
+    /// again at once; when where the inputs start is not known yet, the ready tasks restore
+    /// again after a pause ([`Recovery::start_later`]). An error fails the worker; every slot of
+    /// `done` has left Restoring by then. `healthy`: the worker has not failed (otherwise the
+    /// tasks only leave their slots).
+    pub(crate) fn finished(
+        &mut self,
+        input: &dyn Input,
+        app: &AppShared,
+        slots: &mut Slots,
+        recovery: &mut Recovery,
+        done: Vec<Done>,
+        healthy: bool,
+    ) -> Result<Started, TaskError> {
+        let mut ready = Vec::new();
+        let mut again = Vec::new();
+        let mut failure = None;
+        for done in done {
+            let p = done.task.partition;
+            let Some(restoring) = slots.finish_restore(p, done.id) else {
+                continue; // cancelled: revoked meanwhile
+            };
+            match done.result {
+                Ok(stores) => ready.push(Ready {
+                    id: done.task,
+                    restoring,
+                    stores,
+                }),
+                Err(e) => {
+                    slots.restore_failed(p);
+                    if in_motion(&e) {
+                        tracing::warn!(worker = self.worker, task = p, error = %e, "the restore's broker did not answer; the task restores again");
+                        match recovery.start_later(&[p], e, false) {
+                            Ok(()) => again.push(p),
+                            Err(e) => failure = failure.or(Some(e)),
+                        }
+                    } else {
+                        failure = failure.or(Some(e));
+                    }
+                }
+            }
+        }
+        let tasks: Vec<i32> = ready.iter().map(|r| r.id.partition).collect();
+        if let Some(failure) = failure.filter(|_| healthy) {
+            slots.restore_failed_all(&tasks);
+            return Err(failure);
+        }
+        if !healthy {
+            slots.restore_failed_all(&tasks);
+            return Ok(Started::default());
+        }
+        // Its records since the committed offsets may have been taken into the restore's
+        // buffer, now dropped: it reads them again.
+        if let Err(e) = self.start(app, slots, &again, true) {
+            slots.restore_failed_all(&tasks);
+            return Err(e);
+        }
+        if tasks.is_empty() {
+            return Ok(Started::default());
+        }
+        let partitions: Vec<InputPartition> =
+            tasks.iter().flat_map(|p| slots.inputs_of(*p)).collect();
+        match start_positions(input, app, &partitions) {
+            Ok(positions) => Ok(Started { ready, positions }),
+            Err(e) => {
+                slots.restore_failed_all(&tasks);
+                if !in_motion(&e) {
+                    return Err(e);
+                }
+                // They restore again (nothing to replay) and ask again, after a pause.
+                tracing::warn!(worker = self.worker, error = %e, "where the inputs start is not known yet; the tasks restore again and ask again");
+                recovery.start_later(&tasks, e, true)?;
+                self.start(app, slots, &tasks, true)?;
+                Ok(Started::default())
+            }
+        }
     }
 
     /// The jobs that restore the tasks of `partitions`, as one [`Batch`].
-    pub(crate) fn jobs(&mut self, app: &AppShared, partitions: &[i32]) -> Vec<Job> {
+    fn jobs(&mut self, app: &AppShared, partitions: &[i32]) -> Vec<Job> {
         let config = &app.config;
         let tasks: Vec<(i32, Vec<_>)> = partitions
             .iter()
@@ -142,7 +250,7 @@ impl RestoreQueue {
     }
 
     /// Hands `job` to a restorer thread.
-    pub(crate) fn send(&self, job: Job) -> Result<(), TaskError> {
+    fn send(&self, job: Job) -> Result<(), TaskError> {
         match &self.jobs {
             Some(jobs) if jobs.send(job).is_ok() => Ok(()),
             _ => Err(TaskError::Thread {
@@ -242,6 +350,127 @@ pub(crate) fn seek(
     for (topic, offset) in offsets {
         let ip = InputPartition::new(topic, partition);
         input.seek(&ip, offset, app.config.commit_timeout())?;
+    }
+    Ok(())
+}
+
+/// A restored task, ready to start.
+pub(crate) struct Ready {
+    pub(crate) id: TaskId,
+    pub(crate) restoring: Restoring,
+    pub(crate) stores: Vec<RestoredStore>,
+}
+
+/// The restored tasks ready to start ([`RestoreQueue::finished`]), and where their inputs
+/// start.
+#[derive(Default)]
+pub(crate) struct Started {
+    pub(crate) ready: Vec<Ready>,
+    pub(crate) positions: BTreeMap<InputPartition, i64>,
+}
+
+/// Why tasks did not start, or start over.
+pub(crate) enum NotStarted {
+    /// The task itself failed to start (its processor, a store): its failure's reaction says
+    /// what follows.
+    Task(TaskError),
+    /// The cluster or the group is in motion (the committed offsets not known yet, a seek
+    /// refused during a rebalance, [`in_motion`]): the tasks restore again and try later.
+    InMotion(TaskError),
+    /// Anything else: the worker fails.
+    Worker(TaskError),
+}
+
+impl NotStarted {
+    /// A request to the cluster that failed: in motion, or the worker's failure.
+    fn asked(error: TaskError) -> Self {
+        if in_motion(&error) {
+            NotStarted::InMotion(error)
+        } else {
+            NotStarted::Worker(error)
+        }
+    }
+}
+
+/// Restored task `id` starts over its `stores` at its inputs' `positions`
+/// ([`start_positions`]) and runs in its slot (Restoring → Running); the result is its start
+/// offsets. On an error its slot leaves Restoring.
+pub(crate) fn run_restored(
+    app: &AppShared,
+    slots: &mut Slots,
+    producer: &SharedProducer,
+    id: TaskId,
+    stores: Vec<RestoredStore>,
+    positions: &BTreeMap<InputPartition, i64>,
+) -> Result<BTreeMap<String, i64>, NotStarted> {
+    let p = id.partition;
+    let started = start_offsets(slots.inputs_of(p), positions)
+        .map_err(NotStarted::Worker)
+        .and_then(|offsets| {
+            let task = start_task(app, producer, id, stores, &offsets).map_err(NotStarted::Task)?;
+            Ok((task, offsets))
+        });
+    match started {
+        Ok((task, offsets)) => {
+            tracing::info!(worker = slots.worker(), task = %id, "restored; running");
+            slots.run(Box::new(task));
+            Ok(offsets)
+        }
+        Err(e) => {
+            slots.restore_failed(p);
+            Err(e)
+        }
+    }
+}
+
+/// Running task `partition`, which started at `offsets`, takes its inputs again: every input
+/// reads on from the record after the last the task took, by a seek, never from where
+/// librdkafka's fetcher was (records it fetched before the pause took hold and did not hand
+/// over were skipped on resume: the three-node cluster's chaos run lost four records of each
+/// input of one task, under exactly-once, with their offsets committed); then they resume.
+pub(crate) fn resume(
+    input: &dyn Input,
+    app: &AppShared,
+    slots: &mut Slots,
+    partition: i32,
+    offsets: &BTreeMap<String, i64>,
+) -> Result<(), NotStarted> {
+    let Some(task) = slots.task_mut(partition) else {
+        return Ok(()); // it failed on a buffered record, and is gone
+    };
+    seek(input, app, partition, task.next_offsets(offsets)).map_err(NotStarted::asked)?;
+    if let Some(task) = slots.task_mut(partition) {
+        task.resumed();
+    }
+    input
+        .resume(&slots.inputs_of(partition))
+        .map_err(NotStarted::Worker)
+}
+
+/// Every running task starts over from its committed input offsets: a new processor, nothing
+/// pending, the input sought back. All or nothing: the caller fails the worker on an error (or,
+/// for [`NotStarted::InMotion`], drops the tasks and restores them), as nothing may be
+/// committed past records whose effects the abort dropped.
+pub(crate) fn rewind(
+    input: &dyn Input,
+    app: &AppShared,
+    slots: &mut Slots,
+    producer: &SharedProducer,
+) -> Result<(), NotStarted> {
+    let ids = slots.running_ids();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let partitions: Vec<InputPartition> = ids.iter().flat_map(|p| slots.inputs_of(*p)).collect();
+    let positions = start_positions(input, app, &partitions).map_err(NotStarted::asked)?;
+    metrics::counter!("kstate_task_rewinds").increment(1);
+    for p in ids {
+        let offsets = start_offsets(slots.inputs_of(p), &positions).map_err(NotStarted::Worker)?;
+        let Some(task) = slots.task_mut(p) else {
+            continue;
+        };
+        (task.rewind(producer, &app.factory, &offsets)).map_err(NotStarted::Worker)?;
+        seek(input, app, p, offsets).map_err(NotStarted::asked)?;
     }
     Ok(())
 }

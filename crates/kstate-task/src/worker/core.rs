@@ -4,6 +4,7 @@
 //! consumer is an [`Input`] and the commit path a [`CommitPath`], so that every transition has a
 //! unit test without a broker (`worker::tests`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::Instant;
@@ -12,19 +13,18 @@ use rdkafka::TopicPartitionList;
 use rdkafka::error::KafkaResult;
 
 use crate::error::TaskError;
-use crate::ids::{InputPartition, Record, TaskId};
+use crate::ids::{InputPartition, Record};
 use crate::restorer::{Done, Job};
 use crate::shared::AppShared;
 use crate::task::Task;
-use crate::worker::activation::{self, RestoreQueue, START_RETRY, in_motion};
+use crate::worker::activation::{self, NotStarted, Ready, RestoreQueue, Started};
 use crate::worker::commit::{CommitPath, Committed, Occasion};
 use crate::worker::dead_letters::{self, DeadLetters};
 use crate::worker::failure::{EndingFailed, Failure, Reaction, classify, react, react_to_ending};
 use crate::worker::health::{Health, ProducerLosses};
 use crate::worker::input::Input;
-use crate::worker::retries::{RestoreStreaks, Retries};
+use crate::worker::recovery::Recovery;
 use crate::worker::slots::{Buffered, Slots};
-use crate::worker::start_timeouts::StartTimeouts;
 
 /// A worker's state. Its fields are private: the poll loop and the rebalance callbacks change
 /// it only through the transitions below.
@@ -36,13 +36,9 @@ pub(crate) struct Core {
     restorers: RestoreQueue,
     health: Health,
     losses: ProducerLosses,
-    retries: Retries,
     dead_letters: DeadLetters,
-    restores: RestoreStreaks,
-    /// How long each task has failed to start while the cluster is in motion.
-    start_timeouts: StartTimeouts,
-    /// After an abort: nothing is processed before this.
-    backoff_until: Option<Instant>,
+    /// Aborts and restores in a row, start timeouts, the pause after an abort.
+    recovery: Recovery,
 }
 
 impl Core {
@@ -56,16 +52,13 @@ impl Core {
         Core {
             index,
             slots: Slots::new(index, app.clone()),
-            start_timeouts: StartTimeouts::new(app.config.task_timeout),
+            recovery: Recovery::new(index, app.config.task_timeout),
             app,
             path,
-            restorers: RestoreQueue::new(jobs, reply),
+            restorers: RestoreQueue::new(index, jobs, reply),
             health: Health::Ok,
             losses: ProducerLosses::default(),
-            retries: Retries::default(),
             dead_letters: DeadLetters::default(),
-            restores: RestoreStreaks::default(),
-            backoff_until: None,
         }
     }
 
@@ -94,7 +87,7 @@ impl Core {
 
     /// After an abort: until when nothing is processed (taken once).
     pub(crate) fn take_backoff(&mut self) -> Option<Instant> {
-        self.backoff_until.take()
+        self.recovery.take_backoff()
     }
 
     /// The consumer's statistics: `lag` records of input `topic` past the committed position in
@@ -131,57 +124,19 @@ impl Core {
             return;
         }
         if let Err(e) = input.pause(partitions) {
-            self.fail(e);
-            return;
+            return self.fail(e);
         }
-        let mut complete: Vec<i32> = partitions
-            .iter()
-            .filter_map(|ip| self.slots.hold(ip))
-            .collect();
-        complete.sort_unstable();
-        complete.dedup();
-        if !complete.is_empty() {
-            tracing::info!(worker = self.index, tasks = ?complete, "assigned; restoring");
-        }
-        // Judged once the whole assignment is held (a task's inputs come in one event, one
-        // partition after another), not at each partition.
-        let incomplete = self.slots.incomplete_among(partitions);
-        if !incomplete.is_empty() {
-            tracing::warn!(
-                worker = self.index,
-                tasks = ?incomplete,
-                inputs = ?self.app.config.inputs,
-                "holds only some of these tasks' input partitions: they stay paused and a task does not start until every input's partition is assigned here"
-            );
-        }
+        let complete = self.slots.hold_all(partitions);
         self.start_restores(&complete, false);
     }
 
-    /// Starts restoring the tasks of `partitions`, as one batch: a restorer asks for the ends
-    /// of all their changelogs at once before it restores the first of them. `reread`: their
-    /// inputs were consumed past the committed offsets ([`Restoring::reread`](crate::worker::slots::Restoring::reread)).
+    /// Starts restoring the tasks of `partitions`, as one batch ([`RestoreQueue::start`]).
     fn start_restores(&mut self, partitions: &[i32], reread: bool) {
-        if partitions.is_empty() {
-            return;
-        }
-        if self.restorers.is_closed() {
-            // The worker is ending (its consumer closing): an assignment that arrives now is
-            // left to the next owner; it is no failure.
-            tracing::debug!(
-                worker = self.index,
-                ?partitions,
-                "assigned while ending; not restored"
-            );
-            return;
-        }
-        for job in self.restorers.jobs(&self.app, partitions) {
-            let (partition, id) = (job.task.partition, job.id);
-            let (cancel, progress) = (job.cancel.clone(), job.progress.clone());
-            self.slots
-                .begin_restore(partition, id, cancel, progress, reread);
-            if let Err(e) = self.restorers.send(job) {
-                return self.fail(e);
-            }
+        let started = self
+            .restorers
+            .start(&self.app, &mut self.slots, partitions, reread);
+        if let Err(e) = started {
+            self.fail(e);
         }
     }
 
@@ -214,7 +169,7 @@ impl Core {
         }
         let (touched, still_held) = self.slots.release_all(partitions, close);
         for p in &touched {
-            self.start_timeouts.stopped(*p);
+            self.recovery.started_or_left(*p);
         }
         // Its next owner meets its failing records on its own.
         self.dead_letters.forget(&touched);
@@ -237,7 +192,7 @@ impl Core {
             .collect();
         match path.commit(&mut tasks, input, Occasion::Ending) {
             Ok(Committed::Done) => {
-                self.retries.committed();
+                self.recovery.committed(&[]);
                 self.dead_letters.committed();
                 (true, false)
             }
@@ -282,120 +237,75 @@ impl Core {
 
     // ----- restores -----
 
-    /// Restores finished: their tasks start from their committed input offsets (fetched in
-    /// one request for all of them), run the records buffered meanwhile, and resume.
+    /// Restores finished: their tasks start from their committed input offsets, run the
+    /// records buffered meanwhile, and resume ([`RestoreQueue::finished`]).
     pub(crate) fn restored(&mut self, input: &dyn Input, done: Vec<Done>) {
-        let mut ready = Vec::new();
-        let mut again = Vec::new();
-        for done in done {
-            let p = done.task.partition;
-            let Some(restoring) = self.slots.finish_restore(p, done.id) else {
-                continue; // cancelled: revoked meanwhile
-            };
-            match done.result {
-                Ok(stores) => ready.push((done.task, restoring, stores)),
-                Err(e) if in_motion(&e) => {
-                    tracing::warn!(worker = self.index, task = p, error = %e, "the restore's broker did not answer; the task restores again");
-                    self.slots.restore_failed(p);
-                    if self.may_start_later(&[p], e) {
-                        again.push(p);
-                    }
-                }
-                Err(e) => {
-                    self.slots.restore_failed(p);
-                    self.fail(e);
+        let Core {
+            restorers,
+            app,
+            slots,
+            recovery,
+            ..
+        } = self;
+        let healthy = self.health.is_ok();
+        match restorers.finished(input, app, slots, recovery, done, healthy) {
+            Ok(Started { ready, positions }) => {
+                for ready in ready {
+                    self.activate(input, ready, &positions);
                 }
             }
+            Err(e) => self.fail(e),
         }
-        if self.health.is_ok() {
-            // Its records since the committed offsets may have been taken into the restore's
-            // buffer, now dropped: it reads them again.
-            self.start_restores(&again, true);
+    }
+
+    /// Restored task `ready` starts at its inputs' `positions`, takes the records buffered while
+    /// it restored (unless its inputs are read again), and resumes from the record after the
+    /// last it took ([`activation::resume`]).
+    fn activate(
+        &mut self,
+        input: &dyn Input,
+        ready: Ready,
+        positions: &BTreeMap<InputPartition, i64>,
+    ) {
+        let Ready {
+            id,
+            restoring,
+            stores,
+        } = ready;
+        let p = id.partition;
+        if !self.health.is_ok() {
+            return self.slots.restore_failed(p);
         }
-        let tasks: Vec<i32> = ready.iter().map(|(task, _, _)| task.partition).collect();
-        if tasks.is_empty() || !self.health.is_ok() {
-            return self.slots.restore_failed_all(&tasks);
-        }
-        let partitions: Vec<InputPartition> = tasks
-            .iter()
-            .flat_map(|p| self.slots.inputs_of(*p))
-            .collect();
-        let positions = match activation::start_positions(input, &self.app, &partitions) {
-            Ok(c) => c,
-            Err(e) if in_motion(&e) => {
-                // The cluster is in motion: the tasks restore again (nothing to replay) and
-                // ask again, after a pause.
-                tracing::warn!(worker = self.index, error = %e, "where the inputs start is not known yet; the tasks restore again and ask again");
-                self.slots.restore_failed_all(&tasks);
-                if self.may_start_later(&tasks, e) {
-                    self.backoff_until = Some(Instant::now() + START_RETRY);
-                    self.start_restores(&tasks, true);
-                }
-                return;
-            }
-            Err(e) => {
-                self.slots.restore_failed_all(&tasks);
-                return self.fail(e);
-            }
+        let producer = self.path.producer();
+        let offsets = match activation::run_restored(
+            &self.app,
+            &mut self.slots,
+            producer,
+            id,
+            stores,
+            positions,
+        ) {
+            Ok(offsets) => offsets,
+            Err(NotStarted::Task(e)) => return self.task_failed(input, None, e),
+            Err(NotStarted::InMotion(e) | NotStarted::Worker(e)) => return self.fail(e),
         };
-        for (id, restoring, stores) in ready {
-            let p = id.partition;
-            if !self.health.is_ok() {
-                self.slots.restore_failed(p);
-                continue;
-            }
-            let offsets = match activation::start_offsets(self.slots.inputs_of(p), &positions) {
-                Ok(offsets) => offsets,
-                Err(e) => {
-                    self.slots.restore_failed(p);
-                    self.fail(e);
-                    continue;
-                }
-            };
-            let started =
-                activation::start_task(&self.app, self.path.producer(), id, stores, &offsets);
-            let task = match started {
-                Ok(task) => task,
-                Err(e) => {
-                    self.slots.restore_failed(p);
-                    self.task_failed(input, None, e);
-                    continue;
-                }
-            };
-            tracing::info!(worker = self.index, task = %id, "restored; running");
-            self.slots.run(Box::new(task));
-            self.start_timeouts.stopped(p);
-            if !restoring.reread {
-                self.process_buffered(input, p, restoring.buffered);
-            }
-            // Every input reads on from the record after the last the task took, by a seek,
-            // never from where librdkafka's fetcher was: records it fetched before the pause
-            // took hold and did not hand over were skipped on resume (the three-node cluster's
-            // chaos run: four records of each input of one task, under exactly-once, with
-            // their offsets committed).
-            let next = self.slots.task_mut(p).map(|t| t.next_offsets(&offsets));
-            match activation::seek(input, &self.app, p, next.unwrap_or_default()) {
-                Ok(()) => {}
-                Err(e) if in_motion(&e) => {
-                    // The group rebalances (librdkafka does not fetch the partition yet): the
-                    // task must not run on from wherever the fetcher starts. It restores again
-                    // and starts over after a pause.
-                    tracing::warn!(worker = self.index, task = p, error = %e, "the task's input cannot be sought yet; it restores again and starts after a pause");
-                    if !self.may_start_later(&[p], e) {
-                        return;
-                    }
-                    self.backoff_until = Some(Instant::now() + START_RETRY);
-                    self.restart(input, p, "an input could not be sought");
-                    continue;
-                }
-                Err(e) => return self.fail(e),
-            }
-            if let Some(task) = self.slots.task_mut(p) {
-                task.resumed();
-                if let Err(e) = input.resume(&self.slots.inputs_of(p)) {
-                    self.fail(e);
+        self.recovery.started_or_left(p);
+        if !restoring.reread {
+            self.process_buffered(input, p, restoring.buffered);
+        }
+        match activation::resume(input, &self.app, &mut self.slots, p, &offsets) {
+            Ok(()) => {}
+            Err(NotStarted::InMotion(e)) => {
+                // The group rebalances (librdkafka does not fetch the partition yet): the task
+                // must not run on from wherever the fetcher starts. It restores again and
+                // starts over after a pause.
+                tracing::warn!(worker = self.index, task = p, error = %e, "the task's input cannot be sought yet; it restores again and starts after a pause");
+                match self.recovery.start_later(&[p], e, true) {
+                    Ok(()) => self.restart(input, p, "an input could not be sought"),
+                    Err(e) => self.fail(e),
                 }
             }
+            Err(NotStarted::Task(e) | NotStarted::Worker(e)) => self.fail(e),
         }
     }
 
@@ -484,8 +394,7 @@ impl Core {
             .collect();
         match path.commit(&mut tasks, input, Occasion::Periodic) {
             Ok(Committed::Done) => {
-                self.retries.committed();
-                self.restores.progressed(&progressed);
+                self.recovery.committed(&progressed);
                 self.dead_letters.committed();
             }
             Ok(Committed::Aborted(why)) => {
@@ -496,30 +405,22 @@ impl Core {
         }
     }
 
-    /// The result of an asynchronous offset commit: on success the tasks know the group holds
-    /// their offsets; on failure the offsets stay pending and the next commit sends them again.
-    /// (The commit callback that brings it is not called by rust-rdkafka 0.39,
-    /// fede1024/rust-rdkafka#856; until it is, an unconfirmed offset is sent again after
+    /// The result of an asynchronous offset commit ([`Slots::offsets_committed`]). (The commit
+    /// callback that brings it is not called by rust-rdkafka 0.39, fede1024/rust-rdkafka#856;
+    /// until it is, an unconfirmed offset is sent again after
     /// [`RESEND_UNCONFIRMED`](crate::task::RESEND_UNCONFIRMED).)
     pub(crate) fn offsets_committed(
         &mut self,
         result: KafkaResult<()>,
         offsets: &TopicPartitionList,
     ) {
-        match result {
-            Ok(()) => {
-                self.path.offsets_committed();
-                for task in self.slots.running() {
-                    task.offsets_committed(offsets);
-                }
-            }
+        match &result {
+            Ok(()) => self.path.offsets_committed(),
             Err(e) => {
-                for task in self.slots.running() {
-                    task.offsets_commit_failed(offsets);
-                }
                 tracing::warn!(worker = self.index, error = %e, "input offset commit failed; the next commit sends the offsets again");
             }
         }
+        self.slots.offsets_committed(result.is_ok(), offsets);
     }
 
     // ----- failures -----
@@ -577,59 +478,22 @@ impl Core {
     /// After an abort: every running task starts over from its committed offsets, after a
     /// back-off; too many aborts in a row fail the worker.
     fn start_over(&mut self, input: &dyn Input, why: String) {
-        match self.retries.aborted() {
-            Some(wait) => {
-                self.backoff_until = Some(Instant::now() + wait);
-                self.rewind(input);
-            }
-            None => {
-                let attempts = self.retries.aborts();
-                self.fail(TaskError::RetriesExhausted {
-                    worker: self.index,
-                    attempts,
-                    last: why,
-                });
-            }
+        match self.recovery.aborted(why) {
+            Ok(()) => self.rewind(input),
+            Err(e) => self.fail(e),
         }
     }
 
-    /// Every running task starts over from its committed input offsets: a new processor,
-    /// nothing pending, the input sought back. All or nothing: a failure fails the worker, as
-    /// nothing may be committed past records whose effects the abort dropped.
+    /// Every running task starts over from its committed input offsets
+    /// ([`activation::rewind`]).
     pub(crate) fn rewind(&mut self, input: &dyn Input) {
-        let ids = self.slots.running_ids();
-        if ids.is_empty() {
-            return;
-        }
-        let partitions: Vec<InputPartition> =
-            ids.iter().flat_map(|p| self.slots.inputs_of(*p)).collect();
-        let positions = match activation::start_positions(input, &self.app, &partitions) {
-            Ok(c) => c,
-            Err(e) if in_motion(&e) => return self.rewind_later(input, e),
-            Err(e) => return self.fail(e),
-        };
-        metrics::counter!("kstate_task_rewinds").increment(1);
         // The abort dropped the dead letters of the open transaction: each comes again.
         self.dead_letters.rewound();
-        for p in ids {
-            let offsets = match activation::start_offsets(self.slots.inputs_of(p), &positions) {
-                Ok(offsets) => offsets,
-                Err(e) => return self.fail(e),
-            };
-            let Core {
-                slots, path, app, ..
-            } = self;
-            let Some(task) = slots.task_mut(p) else {
-                continue;
-            };
-            if let Err(e) = task.rewind(path.producer(), &app.factory, &offsets) {
-                return self.fail(e);
-            }
-            match activation::seek(input, &self.app, p, offsets) {
-                Ok(()) => {}
-                Err(e) if in_motion(&e) => return self.rewind_later(input, e),
-                Err(e) => return self.fail(e),
-            }
+        let producer = self.path.producer();
+        match activation::rewind(input, &self.app, &mut self.slots, producer) {
+            Ok(()) => {}
+            Err(NotStarted::InMotion(e)) => self.rewind_later(input, e),
+            Err(NotStarted::Task(e) | NotStarted::Worker(e)) => self.fail(e),
         }
     }
 
@@ -639,34 +503,14 @@ impl Core {
     /// their start asks again after a pause.
     fn rewind_later(&mut self, input: &dyn Input, error: TaskError) {
         tracing::warn!(worker = self.index, %error, "the tasks cannot start over yet; they restore again and start after a pause");
-        if !self.may_start_later(&self.slots.running_ids(), error) {
-            return;
+        if let Err(e) = self
+            .recovery
+            .start_later(&self.slots.running_ids(), error, true)
+        {
+            return self.fail(e);
         }
-        self.dead_letters.rewound();
         self.slots.drop_all();
-        self.backoff_until = Some(Instant::now() + START_RETRY);
         self.restore_held(input);
-    }
-
-    /// Tasks `partitions` could not start because the cluster is in motion (`error`, logged by
-    /// the caller): true while they may try again; once one of them has failed to start for the
-    /// task timeout, the worker fails with `error` and the result is false
-    /// ([`StartTimeouts`]).
-    fn may_start_later(&mut self, partitions: &[i32], error: TaskError) -> bool {
-        let now = Instant::now();
-        let expired = partitions
-            .iter()
-            .find_map(|&p| self.start_timeouts.failed(p, now).err().map(|w| (p, w)));
-        let Some((partition, waited)) = expired else {
-            return true;
-        };
-        self.fail(TaskError::TimedOut {
-            what: TaskId { partition }.to_string(),
-            waited,
-            timeout: self.start_timeouts.timeout(),
-            last: Box::new(error),
-        });
-        false
     }
 
     /// Task `p`'s stores disagree with their changelogs (another writer's records, such as a
@@ -674,12 +518,8 @@ impl Core {
     /// and restored again, which replays what is committed since its stored offsets, and its
     /// inputs are read again from the committed offsets when it starts.
     fn restore_again(&mut self, input: &dyn Input, partition: i32, error: TaskError) {
-        if let Err(restores) = self.restores.again(partition) {
-            return self.fail(TaskError::Corrupted {
-                task: TaskId { partition },
-                restores,
-                last: error.to_string(),
-            });
+        if let Err(e) = self.recovery.restore_again(partition, &error) {
+            return self.fail(e);
         }
         tracing::warn!(worker = self.index, task = partition, error = %error, "a store disagrees with its changelog: restoring the task again");
         metrics::counter!("kstate_task_restored_again").increment(1);
@@ -709,23 +549,13 @@ impl Core {
     }
 
     /// A record that failed on its own account is skipped, or sent to the dead-letter topic
-    /// and skipped, as the error policy says ([`dead_letters::dispose`]).
+    /// and skipped, as the error policy says ([`dead_letters::skip`]).
     fn skip_or_dead_letter(&mut self, record: &Record<'_>, error: &TaskError) {
-        let disposed = dead_letters::dispose(
-            &self.app.config.error_policy,
-            self.path.producer(),
-            record,
-            error,
-            self.app.config.delivery_timeout(),
-            self.index,
-        );
-        match disposed {
-            Ok(()) => {
-                if let Some(t) = self.slots.task_mut(record.partition) {
-                    t.skip(record);
-                }
-            }
-            Err(e) => self.fail(e),
+        let producer = self.path.producer();
+        if let Err(e) =
+            dead_letters::skip(&self.app.config, producer, &mut self.slots, record, error)
+        {
+            self.fail(e);
         }
     }
 

@@ -9,13 +9,12 @@
 //! until such a transaction commits: a later record's failure aborts the dead letter with the
 //! rest, and the input replays the record once more.
 
-use std::time::Duration;
-
 use kstate_kafka::SharedProducer;
 
-use crate::config::ErrorPolicy;
+use crate::config::{AppConfig, ErrorPolicy};
 use crate::error::TaskError;
 use crate::ids::{InputPartition, Record, TaskId};
+use crate::worker::slots::Slots;
 
 /// Kafka Streams' dead-letter headers (KIP-1034), so that tools made for its dead-letter
 /// queues read ours; and the task, which it does not name.
@@ -95,23 +94,36 @@ impl DeadLetters {
     }
 }
 
-/// Takes `record`, which failed with `error`, as `policy` says: logs and counts it as skipped,
-/// or sends it to the dead-letter topic through `producer`. `Ok`: the caller skips the record
-/// in its task. `Err`: the dead letter could not be sent (the worker fails). Callers take
-/// [`ErrorPolicy::Fail`] first (the worker fails); were it to come here, the record would be
-/// skipped.
-pub(crate) fn dispose(
-    policy: &ErrorPolicy,
+/// Takes `record`, which failed with `error`, as the error policy says, and skips it in its
+/// task (of `slots`): logged and counted as skipped, or first sent to the dead-letter topic
+/// through `producer`. `Err`: the dead letter could not be sent (the worker fails). Callers
+/// take [`ErrorPolicy::Fail`] first (the worker fails); were it to come here, the record would
+/// be skipped.
+pub(crate) fn skip(
+    config: &AppConfig,
+    producer: &SharedProducer,
+    slots: &mut Slots,
+    record: &Record<'_>,
+    error: &TaskError,
+) -> Result<(), TaskError> {
+    dispose(config, producer, record, error, slots.worker())?;
+    if let Some(task) = slots.task_mut(record.partition) {
+        task.skip(record);
+    }
+    Ok(())
+}
+
+fn dispose(
+    config: &AppConfig,
     producer: &SharedProducer,
     record: &Record<'_>,
     error: &TaskError,
-    queue_timeout: Duration,
     worker: usize,
 ) -> Result<(), TaskError> {
     let task = TaskId {
         partition: record.partition,
     };
-    let topic = match policy {
+    let topic = match &config.error_policy {
         ErrorPolicy::Fail | ErrorPolicy::LogAndContinue => {
             tracing::warn!(worker, %task, topic = record.topic, offset = record.offset, error = %error, "skipping a record that failed");
             metrics::counter!("kstate_task_skipped_records").increment(1);
@@ -132,7 +144,13 @@ pub(crate) fn dispose(
         (DEAD_LETTER_TASK, task_name.as_bytes()),
     ];
     producer
-        .send_with_headers(topic, record.key, record.value, &headers, queue_timeout)
+        .send_with_headers(
+            topic,
+            record.key,
+            record.value,
+            &headers,
+            config.delivery_timeout(),
+        )
         .map_err(|source| TaskError::Output {
             task,
             topic: topic.clone(),

@@ -8,12 +8,14 @@
 //!   of the status registry;
 //! - [`core`]: the transitions (assigned, revoked, lost, restored, a record, a failure, an abort
 //!   and rewind, the producer lost) over an [`input::Input`] and a [`commit::CommitPath`];
-//! - [`activation`]: restore jobs, where a task's inputs start, the seek there;
+//! - [`activation`]: restore jobs and their results, where a task's inputs start, a restored
+//!   task's start and the seek there, the rewind of every task after an abort;
 //! - [`commit`]: the commit path, at-least-once or transactional, chosen once (the
 //!   at-least-once one confirms the last commit from the group's offsets);
 //! - [`failure`]: what kind of failure an error is, and the one table of what the worker does
-//!   about it; [`retries`]: bounded aborts and restores again; [`health`]: ok, producer lost,
-//!   failed; [`dead_letters`]: records the error policy takes once they come again.
+//!   about it; [`recovery`]: bounded aborts, restores again and start timeouts, and the pause
+//!   after an abort; [`health`]: ok, producer lost, failed; [`dead_letters`]: what the error
+//!   policy does with a failed record, and the records it takes once they come again.
 //!
 //! Every transition has a test without a broker (`worker/tests`), and random sequences of them
 //! run against a model of the assignment (`worker/tests/model.rs`).
@@ -56,6 +58,7 @@ pub(crate) mod dead_letters;
 pub(crate) mod failure;
 pub(crate) mod health;
 pub(crate) mod input;
+mod recovery;
 pub(crate) mod retries;
 pub(crate) mod slots;
 mod start_timeouts;

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kstate_kafka::CancelToken;
+use rdkafka::TopicPartitionList;
 
 use crate::ids::{InputPartition, Record, TaskId};
 use crate::shared::AppShared;
@@ -110,6 +111,10 @@ impl Slots {
         }
     }
 
+    pub(crate) fn worker(&self) -> usize {
+        self.worker
+    }
+
     fn inputs(&self) -> &[String] {
         &self.app.config.inputs
     }
@@ -190,8 +195,6 @@ impl Slots {
         held
     }
 
-    /// Of `partitions`' tasks, those that hold only some of their inputs, with the inputs they
-    /// hold.
     /// The tasks whose every input partition is held, neither restoring nor running (as
     /// [`drop_all`](Self::drop_all) leaves them).
     pub(crate) fn held_whole(&self) -> Vec<i32> {
@@ -205,6 +208,8 @@ impl Slots {
             .collect()
     }
 
+    /// Of `partitions`' tasks, those that hold only some of their inputs, with the inputs they
+    /// hold.
     pub(crate) fn incomplete_among(
         &self,
         partitions: &[InputPartition],
@@ -232,6 +237,42 @@ impl Slots {
                 .then_some(*p),
             _ => None,
         })
+    }
+
+    /// Input `partitions` are assigned (the caller pauses them): returns the tasks they complete
+    /// (every input now held), sorted. Tasks left holding only some inputs are warned about once
+    /// the whole assignment is held (a task's inputs come in one event, one partition after
+    /// another), not at each partition.
+    pub(crate) fn hold_all(&mut self, partitions: &[InputPartition]) -> Vec<i32> {
+        let mut complete: Vec<i32> = partitions.iter().filter_map(|ip| self.hold(ip)).collect();
+        complete.sort_unstable();
+        complete.dedup();
+        if !complete.is_empty() {
+            tracing::info!(worker = self.worker, tasks = ?complete, "assigned; restoring");
+        }
+        let incomplete = self.incomplete_among(partitions);
+        if !incomplete.is_empty() {
+            tracing::warn!(
+                worker = self.worker,
+                tasks = ?incomplete,
+                inputs = ?self.inputs(),
+                "holds only some of these tasks' input partitions: they stay paused and a task does not start until every input's partition is assigned here"
+            );
+        }
+        complete
+    }
+
+    /// The group's answer (`committed`) to an asynchronous commit of `offsets`, for every
+    /// running task: on success the tasks know the group holds their offsets; on failure the
+    /// offsets stay pending and the next commit sends them again.
+    pub(crate) fn offsets_committed(&mut self, committed: bool, offsets: &TopicPartitionList) {
+        for task in self.running() {
+            if committed {
+                task.offsets_committed(offsets);
+            } else {
+                task.offsets_commit_failed(offsets);
+            }
+        }
     }
 
     /// Input partition `ip` is assigned: returns the task it completes (every input now held),
