@@ -202,18 +202,6 @@ pub enum ChangelogError {
         topic: String,
     },
 
-    /// A wipe was refused because the directory holds something RocksDB did not write.
-    #[error(
-        "refusing to wipe {path}: it holds {unexpected}, which is not a RocksDB file; is this \
-         really a store directory?"
-    )]
-    NotAStoreDirectory {
-        /// The directory.
-        path: std::path::PathBuf,
-        /// The first entry that is not a RocksDB file.
-        unexpected: String,
-    },
-
     /// A transaction on the changelog partition stayed open for the whole open timeout: the
     /// records from its first offset on cannot be read yet, so the restore cannot reach the end.
     #[error(
@@ -242,16 +230,6 @@ pub enum ChangelogError {
         topic: String,
         /// What is wrong, with the setting's name and value.
         problem: String,
-    },
-
-    /// Removing a store directory for a rebuild failed.
-    #[error("cannot wipe {path} for a rebuild: {source}")]
-    Wipe {
-        /// The store directory.
-        path: std::path::PathBuf,
-        /// The failure.
-        #[source]
-        source: std::io::Error,
     },
 }
 

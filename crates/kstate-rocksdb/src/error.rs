@@ -11,6 +11,28 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
+    /// A wipe was refused because the directory holds something RocksDB did not write.
+    #[error(
+        "refusing to wipe {path}: it holds {unexpected}, which is not a RocksDB file; is this \
+         really a store directory?"
+    )]
+    NotAStoreDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// The first entry that is not a RocksDB file.
+        unexpected: String,
+    },
+
+    /// Removing a store directory for a rebuild failed.
+    #[error("cannot wipe {path} for a rebuild: {source}")]
+    Wipe {
+        /// The store directory.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Another handle, in this process or another, holds the store's `LOCK` file.
     #[error(
         "cannot open store at {path}: it is already open (RocksDB's LOCK file is held): {source}"

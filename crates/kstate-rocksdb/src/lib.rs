@@ -12,6 +12,7 @@
 //! - [`MemoryBudget`]: one block cache and one write-buffer manager shared by many stores, and
 //!   the account of writes held above RocksDB ([`PendingMemory`]).
 //! - a metadata column family, flushed atomically with the data, for the changelog position.
+//! - [`wipe`]: deleting a store directory for a rebuild, never anything that is not one.
 //!
 //! ```
 //! use kstate_core::KeyValueStore;
@@ -36,6 +37,7 @@ mod pending;
 mod shared_db;
 mod store;
 mod task_db;
+pub mod wipe;
 
 pub use db::{METADATA_CF, wal_free_write_options};
 pub use error::OpenError;

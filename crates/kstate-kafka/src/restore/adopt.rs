@@ -26,7 +26,7 @@ use kstate_core::KeyValueStore;
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore, TaskDb};
 
 use crate::error::ChangelogError;
-use crate::restore::wipe;
+use kstate_rocksdb::wipe;
 
 /// Bytes of entries ingested as one SST file.
 const CHUNK_BYTES: usize = 64 << 20;
@@ -43,7 +43,7 @@ pub(crate) fn adopt(
     }
     if !store.metadata_entries()?.is_empty() {
         tracing::warn!(path = %old.display(), "deleting a store directory already moved into its task's RocksDB");
-        return wipe::wipe(old);
+        return Ok(wipe::wipe(old)?);
     }
     let source = RocksDbStore::open(old, options)?;
     let entries = copy(&source, store)?;

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore, TaskDb};
 
 use crate::error::ChangelogError;
-use crate::restore::{adopt, wipe};
+use crate::restore::adopt;
+use kstate_rocksdb::wipe;
 
 /// Where a store lives.
 #[derive(Debug, Clone)]

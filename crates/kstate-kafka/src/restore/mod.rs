@@ -26,7 +26,6 @@ mod follow;
 mod location;
 mod replay;
 mod trust;
-mod wipe;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -22,7 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use kstate_core::sync::lock;
 
-use crate::error::ChangelogError;
+use crate::error::OpenError;
 
 /// Whether RocksDB writes files of this name into a database directory.
 fn is_rocksdb_file(name: &str) -> bool {
@@ -36,8 +36,8 @@ fn is_rocksdb_file(name: &str) -> bool {
 
 /// What `path` holds besides the files RocksDB writes: each entry described ("the file
 /// \"x\"", "the directory or link \"y\""). A wipe refuses a directory holding any.
-pub(crate) fn foreign_entries(path: &Path) -> Result<Vec<String>, ChangelogError> {
-    let io = |source| ChangelogError::Wipe {
+pub fn foreign_entries(path: &Path) -> Result<Vec<String>, OpenError> {
+    let io = |source| OpenError::Wipe {
         path: path.to_path_buf(),
         source,
     };
@@ -58,10 +58,10 @@ pub(crate) fn foreign_entries(path: &Path) -> Result<Vec<String>, ChangelogError
 }
 
 /// Checks that `path` holds only files RocksDB writes.
-fn check_is_store_directory(path: &Path) -> Result<(), ChangelogError> {
+fn check_is_store_directory(path: &Path) -> Result<(), OpenError> {
     match foreign_entries(path)?.into_iter().next() {
         None => Ok(()),
-        Some(unexpected) => Err(ChangelogError::NotAStoreDirectory {
+        Some(unexpected) => Err(OpenError::NotAStoreDirectory {
             path: path.to_path_buf(),
             unexpected,
         }),
@@ -76,7 +76,7 @@ fn deleting() -> std::sync::MutexGuard<'static, BTreeSet<PathBuf>> {
 }
 
 /// Renames the store directory at `path` aside and deletes it. The store must be closed.
-pub(crate) fn wipe(path: &Path) -> Result<(), ChangelogError> {
+pub fn wipe(path: &Path) -> Result<(), OpenError> {
     check_is_store_directory(path)?;
     let aside = aside_name(path);
     deleting().insert(aside.clone());
@@ -85,8 +85,8 @@ pub(crate) fn wipe(path: &Path) -> Result<(), ChangelogError> {
     wiped
 }
 
-fn rename_aside_and_delete(path: &Path, aside: &Path) -> Result<(), ChangelogError> {
-    std::fs::rename(path, aside).map_err(|source| ChangelogError::Wipe {
+fn rename_aside_and_delete(path: &Path, aside: &Path) -> Result<(), OpenError> {
+    std::fs::rename(path, aside).map_err(|source| OpenError::Wipe {
         path: path.to_path_buf(),
         source,
     })?;
@@ -144,7 +144,7 @@ fn may_still_be_deleting(pid: u32, aside: &Path) -> bool {
 /// deleting (their process was killed), warning for each. Anything else is left alone: other
 /// stores' copies, copies a live process may still be deleting, and whatever is not a directory
 /// of RocksDB files named as a copy. Failures only warn: a leftover wastes space, nothing more.
-pub(crate) fn remove_leftover_copies(path: &Path) {
+pub fn remove_leftover_copies(path: &Path) {
     let Some(parent) = path.parent() else {
         return;
     };
@@ -200,10 +200,7 @@ mod tests {
         std::fs::write(store.join("thesis.tex"), b"years of work")
             .unwrap_or_else(|e| panic!("{e}"));
         let err = wipe(&store).unwrap_err();
-        assert!(
-            matches!(err, ChangelogError::NotAStoreDirectory { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, OpenError::NotAStoreDirectory { .. }), "{err}");
         assert!(store.join("thesis.tex").exists());
     }
 
