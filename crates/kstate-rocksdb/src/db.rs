@@ -124,16 +124,32 @@ struct DroppedRange {
     mark: u64,
 }
 
+/// How [`Db::open`] treats the directory it opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpenMode {
+    /// Created if missing; its layout record written.
+    Create,
+    /// It must exist (operators' tools: a mistyped path is [`OpenError::NotFound`], never a new
+    /// RocksDB); its layout record written if a creation was cut short.
+    Existing,
+    /// An older layout's directory, opened once to move what it holds into today's: it must
+    /// exist, and kstate writes nothing into it (no layout record, no cleanup of leftover
+    /// ingest files). RocksDB opens it read-write all the same, so that its `LOCK` is held
+    /// while it is read: a read-only open takes no lock.
+    Legacy,
+}
+
 impl Db {
-    /// Opens (creating if needed, unless `must_exist`) the RocksDB at `path` in `layout`, with
-    /// column families `extra` besides those it has.
+    /// Opens the RocksDB at `path` in `layout`, as `mode` says, with column families `extra`
+    /// besides those it has.
     pub(crate) fn open(
         path: &Path,
         options: &RocksDbOptions,
         layout: Layout,
         extra: &[String],
-        must_exist: bool,
+        mode: OpenMode,
     ) -> Result<Db, OpenError> {
+        let must_exist = mode != OpenMode::Create;
         let path = path.to_path_buf();
         if path.exists() && !path.is_dir() {
             return Err(OpenError::NotADirectory { path });
@@ -184,10 +200,12 @@ impl Db {
                 wanted: layout,
             });
         }
-        if let Some(version) = layout.version() {
-            write_layout(&db, &path, version)?;
+        if mode != OpenMode::Legacy {
+            if let Some(version) = layout.version() {
+                write_layout(&db, &path, version)?;
+            }
+            remove_leftover_ingest_files(&path);
         }
-        remove_leftover_ingest_files(&path);
         tracing::debug!(path = %path.display(), %layout, "opened RocksDB (WAL disabled)");
         Ok(Db {
             db,

@@ -11,6 +11,19 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
+    /// Moving what an older layout left at `path` into today's failed; the older copy is
+    /// intact (it is deleted only once the new one holds its metadata).
+    #[error("moving the {from} at {path} into the shared RocksDB failed: {source}")]
+    Migrate {
+        /// The older layout's directory.
+        path: PathBuf,
+        /// Its layout.
+        from: crate::layout::Layout,
+        /// The failure.
+        #[source]
+        source: kstate_core::Error,
+    },
+
     /// A wipe was refused because the directory holds something RocksDB did not write.
     #[error(
         "refusing to wipe {path}: it holds {unexpected}, which is not a RocksDB file; is this \

@@ -8,6 +8,8 @@
 //! - [`RocksDbStore`]: the store; every write disables the WAL ([`wal_free_write_options`]).
 //! - [`TaskDb`]: one RocksDB for a stream task's stores, a column family each, flushed together.
 //! - [`SharedDb`]: one RocksDB for the stores of every task of a process, a key prefix per task.
+//! - [`StateDir`]: an application's state directory, and the one opener of a task's stores
+//!   ([`StateDir::open_task`]), which first moves what older layouts left ([`migrate`]).
 //! - [`RocksDbOptions`]: defaults chosen by measurement, and a builder to tune them.
 //! - [`MemoryBudget`]: one block cache and one write-buffer manager shared by many stores, and
 //!   the account of writes held above RocksDB ([`PendingMemory`]).
@@ -31,10 +33,12 @@
 mod db;
 mod error;
 mod layout;
+pub mod migrate;
 mod options;
 mod part;
 mod pending;
 mod shared_db;
+mod state_dir;
 mod store;
 mod task_db;
 pub mod wipe;
@@ -47,5 +51,6 @@ pub use pending::{PendingCharge, PendingMemory};
 /// The `rocksdb` crate this one is built on, for benchmarks that compare against it.
 pub use rocksdb;
 pub use shared_db::SharedDb;
+pub use state_dir::{SHARED_DIR, StateDir};
 pub use store::RocksDbStore;
 pub use task_db::TaskDb;

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use kstate_core::sync::lock;
 use rocksdb::{IteratorMode, ReadOptions};
 
-use crate::db::{Db, METADATA_CF};
+use crate::db::{Db, METADATA_CF, OpenMode};
 use crate::error::OpenError;
 use crate::layout::Layout;
 use crate::options::RocksDbOptions;
@@ -75,7 +75,7 @@ impl SharedDb {
     ) -> Result<Self, OpenError> {
         let path = path.as_ref();
         let families = store_families(path, stores)?;
-        let db = Db::open(path, options, Layout::Shared, &families, false)?;
+        let db = Db::open(path, options, Layout::Shared, &families, OpenMode::Create)?;
         Ok(Self::on(db))
     }
 
@@ -85,7 +85,13 @@ impl SharedDb {
         path: impl AsRef<Path>,
         options: &RocksDbOptions,
     ) -> Result<Self, OpenError> {
-        let db = Db::open(path.as_ref(), options, Layout::Shared, &[], true)?;
+        let db = Db::open(
+            path.as_ref(),
+            options,
+            Layout::Shared,
+            &[],
+            OpenMode::Existing,
+        )?;
         Ok(Self::on(db))
     }
 

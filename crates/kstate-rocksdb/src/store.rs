@@ -48,7 +48,7 @@ use std::time::Instant;
 use kstate_core::{Batch, EntryIter, Error, KeyRange, KeyValueStore, Order, Result};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
-use crate::db::{Db, INGEST_PREFIX, INGEST_SUFFIX, METADATA_CF, wal_free_write_options};
+use crate::db::{Db, INGEST_PREFIX, INGEST_SUFFIX, METADATA_CF, OpenMode, wal_free_write_options};
 use crate::error::OpenError;
 use crate::layout::Layout;
 use crate::options::RocksDbOptions;
@@ -98,7 +98,16 @@ impl RocksDbStore {
     /// ([`OpenError::WrongLayout`]: open it with [`TaskDb`](crate::TaskDb)), or when it cannot
     /// be written.
     pub fn open(path: impl AsRef<Path>, options: &RocksDbOptions) -> Result<Self, OpenError> {
-        let db = Db::open(path.as_ref(), options, Layout::Store, &[], false)?;
+        Self::open_in(path.as_ref(), options, OpenMode::Create)
+    }
+
+    /// The store directory at `path`, opened as `mode` says.
+    pub(crate) fn open_in(
+        path: &Path,
+        options: &RocksDbOptions,
+        mode: OpenMode,
+    ) -> Result<Self, OpenError> {
+        let db = Db::open(path, options, Layout::Store, &[], mode)?;
         let name = db.path.display().to_string();
         Ok(Self::on(
             Arc::new(db),

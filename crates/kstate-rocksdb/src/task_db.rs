@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use std::path::PathBuf;
 
-use crate::db::{Db, store_cf};
+use crate::db::{Db, OpenMode, store_cf};
 use crate::error::OpenError;
 use crate::layout::Layout;
 use crate::options::RocksDbOptions;
@@ -100,7 +100,7 @@ impl TaskDb {
     ) -> Result<Self, OpenError> {
         let path = path.as_ref();
         let families = store_families(path, stores)?;
-        let db = Db::open(path, options, Layout::Task, &families, false)?;
+        let db = Db::open(path, options, Layout::Task, &families, OpenMode::Create)?;
         Ok(Self::own(db))
     }
 
@@ -127,7 +127,16 @@ impl TaskDb {
         path: impl AsRef<Path>,
         options: &RocksDbOptions,
     ) -> Result<Self, OpenError> {
-        let db = Db::open(path.as_ref(), options, Layout::Task, &[], true)?;
+        Self::open_in(path.as_ref(), options, OpenMode::Existing)
+    }
+
+    /// The task RocksDB that exists at `path`, opened as `mode` says.
+    pub(crate) fn open_in(
+        path: &Path,
+        options: &RocksDbOptions,
+        mode: OpenMode,
+    ) -> Result<Self, OpenError> {
+        let db = Db::open(path, options, Layout::Task, &[], mode)?;
         Ok(Self::own(db))
     }
 

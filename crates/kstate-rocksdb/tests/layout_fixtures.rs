@@ -15,7 +15,7 @@ mod layouts;
 
 use std::path::{Path, PathBuf};
 
-use kstate_rocksdb::{Layout, OpenError, RocksDbOptions, RocksDbStore, SharedDb, TaskDb};
+use kstate_rocksdb::{Layout, OpenError, RocksDbOptions, RocksDbStore, SharedDb, StateDir, TaskDb};
 
 use layouts::{Copy, FIXTURES, Line, fixtures_dir, lines_of};
 
@@ -216,4 +216,192 @@ fn a_store_the_application_no_longer_declares_is_still_in_its_task_rocksdb() {
         expected.iter().all(|l| l.store != "events"),
         "events has a column family and nothing in it"
     );
+}
+
+// ----- the one opener: every layout moved into the shared RocksDB -----
+
+const DECLARED: [&str; 2] = ["counts", "events"];
+
+/// The lines of `expected` of `copy`, as they read once moved into task `task` of the shared
+/// RocksDB.
+fn moved(expected: &[Line], copy: Copy, store: &str) -> Vec<String> {
+    let task = match copy {
+        Copy::StoreDir { task } | Copy::TaskDir { task } | Copy::Shared { task } => task,
+    };
+    let mut lines: Vec<String> = expected
+        .iter()
+        .filter(|l| l.copy == copy && l.store == store)
+        .map(|l| {
+            Line {
+                copy: Copy::Shared { task },
+                ..l.clone()
+            }
+            .to_string()
+        })
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// Opens task `task` of fixture `root` with the one opener; returns each declared store's lines.
+fn open_task(state: &StateDir, task: u32, store: &str) -> Vec<String> {
+    let part = state.open_task(task, &DECLARED).unwrap();
+    let lines = lines_of(&Copy::Shared { task }, store, &part.store(store).unwrap());
+    let mut lines: Vec<String> = lines.iter().map(ToString::to_string).collect();
+    lines.sort();
+    lines
+}
+
+/// A hash of every file under `dir` (name, length, bytes), to see that nothing changed.
+fn tree_digest(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if !path
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("LOG")
+            {
+                files.push((path.clone(), std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn the_opener_moves_every_older_layout_into_the_shared_rocksdb_and_deletes_the_older_copies() {
+    // (fixture, tasks, where each store's copy must come from)
+    type Source = fn(u32, &str) -> Copy;
+    let cases: [(&str, &[u32], Source); 3] = [
+        ("v1_store_dirs", &[0, 1], |task, _| Copy::StoreDir { task }),
+        ("v2_task_dir", &[0, 1], |task, _| Copy::TaskDir { task }),
+        ("v2_with_v1_inside", &[0], |task, store| match store {
+            "counts" => Copy::TaskDir { task },
+            _ => Copy::StoreDir { task },
+        }),
+    ];
+    for (name, tasks, source) in cases {
+        let (_dir, root, expected) = fixture(name);
+        let state = StateDir::open(&root, &DECLARED, &options()).unwrap();
+        for &task in tasks {
+            for store in DECLARED {
+                assert_eq!(
+                    open_task(&state, task, store),
+                    moved(&expected, source(task, store), store),
+                    "fixture {name}, task {task}, store {store}"
+                );
+            }
+            assert!(
+                !root.join(task.to_string()).exists(),
+                "fixture {name}: task {task}'s older directory is gone"
+            );
+        }
+        // The next open finds nothing more to move, and changes nothing.
+        drop(state);
+        let state = StateDir::open(&root, &DECLARED, &options()).unwrap();
+        for &task in tasks {
+            for store in DECLARED {
+                assert_eq!(
+                    open_task(&state, task, store),
+                    moved(&expected, source(task, store), store),
+                    "fixture {name}, opened again"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_move_cut_short_keeps_the_shared_copy_and_deletes_the_older_one() {
+    let (_dir, root, expected) = fixture("v3_mid_move");
+    let state = StateDir::open(&root, &DECLARED, &options()).unwrap();
+    for store in DECLARED {
+        assert_eq!(
+            open_task(&state, 0, store),
+            moved(&expected, Copy::Shared { task: 0 }, store),
+            "{store}: the shared copy, not the older directory's"
+        );
+    }
+    assert!(!root.join("0").exists());
+}
+
+#[test]
+fn a_task_directory_holding_an_undeclared_store_is_kept_after_its_declared_stores_moved() {
+    let (_dir, root, expected) = fixture("v2_undeclared_store");
+    let state = StateDir::open(&root, &DECLARED, &options()).unwrap();
+    assert_eq!(
+        open_task(&state, 0, "counts"),
+        moved(&expected, Copy::TaskDir { task: 0 }, "counts")
+    );
+    assert!(open_task(&state, 0, "events").is_empty());
+    drop(state);
+    let kept = TaskDb::open_existing(root.join("0"), &options()).unwrap();
+    assert_eq!(kept.stores(), vec!["counts", "events", "retired"]);
+    let retired = lines_of(
+        &Copy::TaskDir { task: 0 },
+        "retired",
+        &kept.store("retired").unwrap(),
+    );
+    let retired: Vec<String> = retired.iter().map(ToString::to_string).collect();
+    assert_eq!(retired, {
+        let mut lines: Vec<String> = expected
+            .iter()
+            .filter(|l| l.store == "retired")
+            .map(ToString::to_string)
+            .collect();
+        lines.sort();
+        lines
+    });
+}
+
+#[test]
+fn a_task_rocksdb_cut_short_is_moved_as_empty_stores_and_deleted() {
+    let (_dir, root, _) = fixture("v2_cut_short");
+    let state = StateDir::open(&root, &DECLARED, &options()).unwrap();
+    assert!(
+        state.has_state(0),
+        "its directory counts as state until moved"
+    );
+    for store in DECLARED {
+        assert!(open_task(&state, 0, store).is_empty());
+    }
+    assert!(!root.join("0").exists());
+    assert!(!state.has_state(0));
+}
+
+#[test]
+fn a_shared_rocksdb_of_today_opens_each_task_unchanged() {
+    let (_dir, root, expected) = fixture("v3_shared");
+    let state = StateDir::open(&root, &DECLARED, &options()).unwrap();
+    for task in [0, 1, 7] {
+        assert!(state.has_state(task));
+        for store in DECLARED {
+            assert_eq!(
+                open_task(&state, task, store),
+                moved(&expected, Copy::Shared { task }, store)
+            );
+        }
+    }
+    assert!(!state.has_state(2));
+}
+
+#[test]
+fn a_task_held_elsewhere_in_the_process_is_not_moved_and_its_older_directory_is_untouched() {
+    let (_dir, root, _) = fixture("v2_with_v1_inside");
+    let before = tree_digest(&root.join("0"));
+    let state = StateDir::open(&root, &DECLARED, &options()).unwrap();
+    let held = state.db().task(0, root.join("0")).unwrap();
+    assert!(matches!(
+        state.open_task(0, &DECLARED),
+        Err(OpenError::TaskHeld { task: 0, .. })
+    ));
+    drop(held);
+    assert_eq!(tree_digest(&root.join("0")), before);
 }

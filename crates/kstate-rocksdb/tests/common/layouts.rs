@@ -136,7 +136,7 @@ fn unhex(text: &str) -> Result<Vec<u8>, String> {
     if text == "-" {
         return Ok(Vec::new());
     }
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return Err(format!("odd length hex {text:?}"));
     }
     (0..text.len())
