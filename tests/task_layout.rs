@@ -1,9 +1,12 @@
 //! A task's stores in one RocksDB, against a real broker: a store the older
-//! one-directory-per-store layout left is moved into its task's RocksDB with its data and its
-//! position (nothing replayed, nothing lost); a task's RocksDB of its own (the layout before the
-//! shared one) is moved into the RocksDB a process's tasks share the same way, and kept while it
-//! holds a store the application no longer declares; and a rebuild of one store of a task
-//! (records deleted below its position) wipes that store alone.
+//! one-directory-per-store layout left is moved by the one opener
+//! ([`StateDir::open_task`](kstate::kstate_rocksdb::StateDir::open_task)) into the RocksDB a
+//! process's tasks share with its data and its position (nothing replayed, nothing lost); a
+//! task's RocksDB of its own (the layout before the shared one) is moved the same way, and kept
+//! while it holds a store the application no longer declares; and a rebuild of one store of a
+//! task (records deleted below its position) wipes that store alone. The layouts' bytes as older
+//! kstate versions wrote them are tested without a broker, from fixtures
+//! (`crates/kstate-rocksdb/tests/layout_fixtures.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
@@ -13,9 +16,8 @@ use anyhow::{Context, Result, ensure};
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{
     ChangelogConfig, Durability, LoggedStore, OpenHooks, RestoredStore, StoreLocation,
-    move_task_directory,
 };
-use kstate::kstate_rocksdb::{RocksDbOptions, SharedDb, TaskDb};
+use kstate::kstate_rocksdb::{RocksDbOptions, StateDir, TaskDb};
 use kstate_test_broker::{bootstrap_servers, unique_topic};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions};
@@ -38,7 +40,7 @@ fn in_task(db: &TaskDb, name: &str) -> StoreLocation {
 }
 
 #[test]
-fn a_store_of_the_old_layout_moves_into_its_tasks_rocksdb_with_its_position() -> Result<()> {
+fn a_store_of_the_oldest_layout_moves_into_the_shared_rocksdb_with_its_position() -> Result<()> {
     let (counts, totals) = (unique_topic("adopt-counts"), unique_topic("adopt-totals"));
     let dir = tempfile::tempdir()?;
     let task = dir.path().join("0");
@@ -49,7 +51,9 @@ fn a_store_of_the_old_layout_moves_into_its_tasks_rocksdb_with_its_position() ->
         store.close()?;
     }
 
-    let db = TaskDb::open(&task, &["counts", "totals"], &RocksDbOptions::default())?;
+    let stores = ["counts", "totals"];
+    let state = StateDir::open(dir.path(), &stores, &RocksDbOptions::default())?;
+    let db = state.open_task(0, &stores)?;
     for (name, topic, n) in [("counts", &counts, 120), ("totals", &totals, 30)] {
         let restored = RestoredStore::restore(
             in_task(&db, name),
@@ -80,9 +84,14 @@ fn a_store_of_the_old_layout_moves_into_its_tasks_rocksdb_with_its_position() ->
             "store {name} lost entries in the move"
         );
     }
+    ensure!(
+        !task.exists(),
+        "the task's emptied directory is still there"
+    );
     // Written to after the move, and reopened: the new layout holds.
-    drop(db);
-    let db = TaskDb::open(&task, &["counts", "totals"], &RocksDbOptions::default())?;
+    drop((db, state));
+    let state = StateDir::open(dir.path(), &stores, &RocksDbOptions::default())?;
+    let db = state.open_task(0, &stores)?;
     let store = LoggedStore::open(
         in_task(&db, "counts"),
         &RocksDbOptions::default(),
@@ -203,13 +212,9 @@ fn a_tasks_own_rocksdb_moves_into_the_shared_one_with_its_positions() -> Result<
             store.close()?;
         }
     }
-    let shared = SharedDb::open(
-        dir.path().join("rocksdb"),
-        &["counts", "totals"],
-        &RocksDbOptions::default(),
-    )?;
-    let task = shared.task(0, &first)?;
-    move_task_directory(&task, &RocksDbOptions::default())?;
+    let declared = ["counts", "totals"];
+    let state = StateDir::open(dir.path(), &declared, &RocksDbOptions::default())?;
+    let task = state.open_task(0, &declared)?;
     ensure!(!first.exists(), "the task's old RocksDB is still there");
     for (name, topic, n) in [("counts", &counts, 120), ("totals", &totals, 30)] {
         let restored = RestoredStore::restore(
@@ -236,11 +241,10 @@ fn a_tasks_own_rocksdb_moves_into_the_shared_one_with_its_positions() -> Result<
             "store {name} lost entries in the move"
         );
     }
-    ensure!(shared.tasks()? == vec![0], "only task 0 was moved yet");
+    ensure!(state.db().tasks()? == vec![0], "only task 0 was moved yet");
 
     // Task 1's declared store moves; the directory stays, holding the undeclared one.
-    let task = shared.task(1, &second)?;
-    move_task_directory(&task, &RocksDbOptions::default())?;
+    let task = state.open_task(1, &declared)?;
     ensure!(
         keys(&task.store("counts")?)?.len() == 10,
         "task 1's counts did not move"
@@ -249,8 +253,9 @@ fn a_tasks_own_rocksdb_moves_into_the_shared_one_with_its_positions() -> Result<
         second.join("CURRENT").is_file(),
         "a RocksDB holding an undeclared store was deleted"
     );
-    move_task_directory(&task, &RocksDbOptions::default())?;
     drop(task);
+    // Opened again: nothing more to move, and the directory is still kept.
+    drop(state.open_task(1, &declared)?);
     let left = TaskDb::open_existing(&second, &RocksDbOptions::default())?;
     ensure!(
         keys(&left.store("gone")?)?.len() == 5,

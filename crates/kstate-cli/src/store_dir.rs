@@ -59,7 +59,7 @@ pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
     if let Some(at) = in_shared(dir) {
         let shared = SharedDb::open_existing(&at.rocksdb, &RocksDbOptions::default())
             .with_context(|| format!("opening the tasks' RocksDB at {}", at.rocksdb.display()))?;
-        // The application's order (kstate-kafka's `restore::adopt`): the shared RocksDB once it
+        // The application's order (`StateDir::open_task`): the shared RocksDB once it
         // holds the store's position, else the task's own RocksDB not moved yet.
         match at.task_db(&shared).and_then(|db| Ok(db.store(at.name)?)) {
             Ok(store) if old.is_none() || !store.metadata_entries()?.is_empty() => {

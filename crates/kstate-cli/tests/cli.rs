@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use kstate_core::KeyValueStore;
 use kstate_kafka::{ChangelogConfig, ClientProperties, LoggedStore, StoreLocation};
-use kstate_rocksdb::{RocksDbOptions, RocksDbStore, SharedDb, TaskDb};
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore, SharedDb, StateDir, TaskDb};
 use serde_json::Value;
 
 fn kstate(args: &[&str]) -> Result<Output> {
@@ -517,9 +517,8 @@ fn a_store_moved_into_the_shared_rocksdb_is_read_there_not_from_the_directory_ke
     // The application now: `counts` moves into the shared RocksDB (the directory stays, for
     // `gone`), and goes on there.
     {
-        let shared = SharedDb::open(app.join("rocksdb"), &["counts"], &RocksDbOptions::default())?;
-        let db = shared.task(3, &task_dir)?;
-        kstate_kafka::move_task_directory(&db, &RocksDbOptions::default())?;
+        let state = StateDir::open(&app, &["counts"], &RocksDbOptions::default())?;
+        let db = state.open_task(3, &["counts"])?;
         ensure!(
             task_dir.join("CURRENT").is_file(),
             "the old directory was kept"

@@ -79,6 +79,6 @@ pub use restore::{
     BatchRestored, CancelToken, FollowerGroup, Following, OpenHooks, PREFETCHED_END_TTL,
     RESTORE_FETCH_SETTINGS, RecordCheck, RestoreClients, RestoreCluster, RestoreListener,
     RestoreReport, RestoreStart, RestoredStore, StoreLocation, follow_changelog,
-    follow_changelog_sharing, move_task_directory,
+    follow_changelog_sharing,
 };
 pub use topic::create_topic_if_missing;

@@ -405,3 +405,31 @@ fn a_task_held_elsewhere_in_the_process_is_not_moved_and_its_older_directory_is_
     drop(held);
     assert_eq!(tree_digest(&root.join("0")), before);
 }
+
+#[test]
+fn a_store_of_the_oldest_layout_left_undeclared_inside_a_task_directory_keeps_it() {
+    // `events` is not declared: its layout 1 directory inside `0/` is not ours to delete, so
+    // `0/` stays too (with a warning), after `counts` moved.
+    let (_dir, root, expected) = fixture("v2_with_v1_inside");
+    let state = StateDir::open(&root, &["counts"], &options()).unwrap();
+    let part = state.open_task(0, &["counts"]).unwrap();
+    let counts = lines_of(
+        &Copy::Shared { task: 0 },
+        "counts",
+        &part.store("counts").unwrap(),
+    );
+    let mut counts: Vec<String> = counts.iter().map(ToString::to_string).collect();
+    counts.sort();
+    assert_eq!(
+        counts,
+        moved(&expected, Copy::TaskDir { task: 0 }, "counts")
+    );
+    drop(part);
+    assert!(root.join("0").join("CURRENT").is_file(), "0/ was kept");
+    assert!(
+        root.join("0").join("events").join("CURRENT").is_file(),
+        "the undeclared store was kept"
+    );
+    // Opened again: kept again, not an error.
+    drop(state.open_task(0, &["counts"]).unwrap());
+}

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use kstate_core::sync::lock;
-use kstate_rocksdb::SharedDb;
+use kstate_rocksdb::StateDir;
 
 use crate::config::AppConfig;
 use crate::error::{TaskError, panic_message};
@@ -38,7 +38,7 @@ impl App {
             self.config.rocksdb.open_files_cap(),
         ));
         let names: Vec<&str> = self.config.stores.iter().map(|s| s.name.as_str()).collect();
-        let rocksdb = SharedDb::open(self.config.shared_db_dir(), &names, &self.config.rocksdb)
+        let rocksdb = StateDir::open(self.config.state_root(), &names, &self.config.rocksdb)
             .map_err(|source| TaskError::StateDb {
                 source: Box::new(source),
             })?;
@@ -86,7 +86,7 @@ fn thread_error(name: String, e: std::io::Error) -> TaskError {
 /// each handle as it starts: on an error the caller stops and joins those in `handles`.
 fn start_threads(
     shared: &Arc<AppShared>,
-    rocksdb: &SharedDb,
+    rocksdb: &StateDir,
     handles: &mut Vec<JoinHandle<()>>,
 ) -> Result<(), TaskError> {
     // One pool of restorer threads for every worker; it ends when every worker's job

@@ -312,19 +312,11 @@ impl AppConfig {
         self.restore_threads.unwrap_or(self.threads.max(2))
     }
 
-    /// `<state-dir>/<app-id>/rocksdb`: the RocksDB every task of the process keeps its stores
-    /// in ([`kstate_rocksdb::SharedDb`]).
-    pub(crate) fn shared_db_dir(&self) -> PathBuf {
-        self.state_dir.join(&self.application_id).join("rocksdb")
-    }
-
-    /// `<state-dir>/<app-id>/<p>`: task `p`'s directory. Its stores are named by it
-    /// (`<p>/<store>`); an older kstate kept the task's RocksDB there, which the task's first
-    /// open moves into the shared one.
-    pub(crate) fn task_dir(&self, partition: i32) -> PathBuf {
-        self.state_dir
-            .join(&self.application_id)
-            .join(partition.to_string())
+    /// `<state-dir>/<app-id>`: the application's state directory ([`kstate_rocksdb::StateDir`]:
+    /// the RocksDB every task of the process keeps its stores in, and where older layouts kept
+    /// them).
+    pub(crate) fn state_root(&self) -> PathBuf {
+        self.state_dir.join(&self.application_id)
     }
 
     /// What the consumer does where a partition has no committed offset

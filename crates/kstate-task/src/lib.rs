@@ -9,7 +9,8 @@
 //!   (a [`SharedDb`](kstate_rocksdb::SharedDb): store `s` is a column family, task *p*'s keys
 //!   are under its prefix, and one atomic flush covers them all), store `s` logged to
 //!   `<app-id>-<s>-changelog` partition *p*. What older layouts left (a RocksDB per task at
-//!   `<p>/`, or per store at `<p>/<s>/`) moves in when the task first opens.
+//!   `<p>/`, or per store at `<p>/<s>/`) moves in when the task first opens
+//!   ([`StateDir::open_task`](kstate_rocksdb::StateDir::open_task)).
 //! - A record that cannot be processed goes to the application's [`ErrorPolicy`]; a panic fails
 //!   the application with [`TaskError::Panicked`], and nothing of the record is committed under
 //!   exactly-once.

@@ -18,10 +18,9 @@
 //! set costs about a second per store, which a failover that moves many tasks would pay for each.
 //! The threads' sets share one metadata and one admin client ([`RestoreCluster`]), so each
 //! thread adds one replaying consumer, and the ends one thread prefetched serve them all.
-//! A job opens the task's part of the RocksDB the process's tasks share ([`SharedDb::task`])
-//! once and restores its stores into it one after another; a task's RocksDB of its own that an
-//! older kstate left at the task's directory is moved into it first
-//! ([`move_task_directory`]).
+//! A job opens the task's part of the RocksDB the process's tasks share
+//! ([`StateDir::open_task`], which first moves in what an older kstate left at the task's
+//! directory) once and restores its stores into it one after another.
 //! The jobs of one assignment share a [`Batch`]: before the first of them, one thread asks for
 //! the ends of all the batch's changelogs in three requests (the others wait for it) ([`RestoreClients::prefetch_ends`]), so
 //! that a task with nothing to replay opens with no broker round trip of its own (four per store
@@ -30,7 +29,6 @@
 //! all in one request ([`RestoreClients::create_missing_topics`]); a fresh start's restores
 //! otherwise created them one after another.
 
-use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,9 +37,8 @@ use kstate_core::sync::lock;
 use kstate_kafka::{
     BatchRestored, CancelToken, ChangelogConfig, ChangelogError, OpenHooks, RestoreClients,
     RestoreCluster, RestoreListener, RestoreReport, RestoreStart, RestoredStore, StoreLocation,
-    move_task_directory,
 };
-use kstate_rocksdb::{OpenError, RocksDbOptions, SharedDb, TaskDb};
+use kstate_rocksdb::{OpenError, RocksDbOptions, StateDir, TaskDb};
 
 use crate::error::{TaskError, panic_message};
 use crate::ids::TaskId;
@@ -52,9 +49,6 @@ pub(crate) struct Job {
     /// Tells this job's result from an earlier, cancelled job of the same task.
     pub(crate) id: u64,
     pub(crate) task: TaskId,
-    /// The task's directory: where its stores are named, and where an older kstate kept its
-    /// RocksDB.
-    pub(crate) dir: PathBuf,
     /// Each store's name and changelog, in declaration order.
     pub(crate) stores: Vec<(String, ChangelogConfig)>,
     /// The tasks assigned with this one.
@@ -130,39 +124,30 @@ fn held(error: &OpenError) -> bool {
     )
 }
 
-/// Opens task `task`'s part of the shared RocksDB, then moves in what an older kstate left at
-/// `dir`; waits while the task is still held here.
+/// Opens task `task`'s stores ([`StateDir::open_task`], which first moves in what an older
+/// kstate left for them); waits while the task is still held here.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
 pub(crate) fn open_task_db(
-    db: &SharedDb,
+    state: &StateDir,
     task: TaskId,
-    dir: &Path,
-    options: &RocksDbOptions,
+    stores: &[(String, ChangelogConfig)],
     cancel: &CancelToken,
     wait: Duration,
 ) -> Result<TaskDb, ChangelogError> {
     let deadline = Instant::now() + wait;
     let number = u32::try_from(task.partition).map_err(|_| {
         ChangelogError::Open(OpenError::Layout {
-            path: dir.to_path_buf(),
+            path: state.root().to_path_buf(),
             message: format!("{task}: a partition number cannot be negative"),
         })
     })?;
+    let names: Vec<&str> = stores.iter().map(|(name, _)| name.as_str()).collect();
     loop {
-        let opened = db
-            .task(number, dir)
-            .map_err(ChangelogError::Open)
-            .and_then(|t| {
-                move_task_directory(&t, options)?;
-                Ok(t)
-            });
-        match opened {
-            Err(ChangelogError::Open(e))
-                if held(&e) && Instant::now() < deadline && !cancel.is_cancelled() =>
-            {
+        match state.open_task(number, &names) {
+            Err(e) if held(&e) && Instant::now() < deadline && !cancel.is_cancelled() => {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            result => return result,
+            result => return Ok(result?),
         }
     }
 }
@@ -329,7 +314,7 @@ fn restore_one(
 pub(crate) fn run(
     jobs: Arc<Mutex<Receiver<Job>>>,
     shared: SharedCluster,
-    db: SharedDb,
+    db: StateDir,
     options: RocksDbOptions,
     listener: Option<Arc<dyn RestoreListener>>,
 ) {
@@ -406,7 +391,7 @@ fn wait_for_ends(prefetched: &Mutex<bool>, cancel: &CancelToken, prefetch: impl 
 /// Restores every store of one task.
 fn restore_job(
     job: Job,
-    db: &SharedDb,
+    db: &StateDir,
     options: &RocksDbOptions,
     listener: Option<&Arc<dyn RestoreListener>>,
     clients: &mut ThreadClients,
@@ -424,7 +409,7 @@ fn restore_job(
         record_check: None,
         cancel: Some(job.cancel.clone()),
     };
-    let result = restore_stores(db, job.task, &job.dir, job.stores, options, &hooks, clients);
+    let result = restore_stores(db, job.task, job.stores, options, &hooks, clients);
     job.progress.finish();
     result.map_err(|source| TaskError::restore(job.task, source))
 }
@@ -432,16 +417,15 @@ fn restore_job(
 /// Opens the task's part of the shared RocksDB and restores its stores, in declaration order.
 #[allow(clippy::result_large_err)] // kstate-kafka's own error, returned as it is (see its lib.rs)
 fn restore_stores(
-    shared: &SharedDb,
+    state: &StateDir,
     task: TaskId,
-    dir: &Path,
     stores: Vec<(String, ChangelogConfig)>,
     options: &RocksDbOptions,
     hooks: &OpenHooks,
     clients: &mut ThreadClients,
 ) -> Result<Vec<RestoredStore>, ChangelogError> {
     let cancel = hooks.cancel.clone().unwrap_or_default();
-    let db = open_task_db(shared, task, dir, options, &cancel, task_wait(&stores))?;
+    let db = open_task_db(state, task, &stores, &cancel, task_wait(&stores))?;
     stores
         .into_iter()
         .map(|(name, config)| restore_one(&db, &name, options, config, hooks, clients))
@@ -509,7 +493,7 @@ mod tests {
             panic!("the directory is held, a second open must fail");
         };
         assert!(held(&again));
-        let shared = SharedDb::open(
+        let shared = kstate_rocksdb::SharedDb::open(
             dir.path().join("shared"),
             &["s"],
             &RocksDbOptions::default(),

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use kstate_core::sync::lock;
 
-use kstate_rocksdb::SharedDb;
+use kstate_rocksdb::StateDir;
 
 use crate::config::AppConfig;
 use crate::error::TaskError;
@@ -54,7 +54,7 @@ pub(crate) struct AppShared {
     pub(crate) standbys: Option<Arc<Standbys>>,
     /// The RocksDB every task keeps its stores in; `None` once the application has ended
     /// ([`close_state_db`](Self::close_state_db)).
-    rocksdb: Mutex<Option<SharedDb>>,
+    rocksdb: Mutex<Option<StateDir>>,
     stop: AtomicBool,
     pub(crate) state: tokio::sync::watch::Sender<AppState>,
 }
@@ -64,7 +64,7 @@ impl AppShared {
         config: AppConfig,
         factory: ProcessorFactory,
         partitions: i32,
-        rocksdb: SharedDb,
+        rocksdb: StateDir,
     ) -> Self {
         AppShared {
             standbys: (config.standby_replicas > 0).then(Arc::default),
@@ -79,7 +79,7 @@ impl AppShared {
     }
 
     /// The RocksDB every task keeps its stores in, or `None` once the application has ended.
-    pub(crate) fn state_db(&self) -> Option<SharedDb> {
+    pub(crate) fn state_db(&self) -> Option<StateDir> {
         lock(&self.rocksdb).clone()
     }
 

@@ -1,14 +1,14 @@
 //! [`StoreLocation`]: where a store's RocksDB data lives, and the two steps that differ by it:
-//! opening (a store of a task's RocksDB first adopts what the older one-directory-per-store
-//! layout left for it) and wiping for a rebuild (a directory of its own is renamed aside and
-//! deleted; a column family the task's other stores share a directory with is cleared).
+//! opening, and wiping for a rebuild (a directory of its own is renamed aside and deleted; a
+//! store of a task's RocksDB, which its other stores share, is cleared). A task's stores come
+//! from [`StateDir::open_task`](kstate_rocksdb::StateDir::open_task), which has moved in what
+//! older layouts left for them.
 
 use std::path::{Path, PathBuf};
 
 use kstate_rocksdb::{RocksDbOptions, RocksDbStore, TaskDb};
 
 use crate::error::ChangelogError;
-use crate::restore::adopt;
 use kstate_rocksdb::wipe;
 
 /// Where a store lives.
@@ -53,8 +53,7 @@ impl StoreLocation {
         }
     }
 
-    /// Opens the store. In a task's RocksDB, a directory the one-directory-per-store layout
-    /// left at `<task directory>/<name>` is moved into the store's column family first.
+    /// Opens the store.
     pub(crate) fn open(&self, options: &RocksDbOptions) -> Result<RocksDbStore, ChangelogError> {
         match self {
             StoreLocation::Directory(path) => {
@@ -62,11 +61,7 @@ impl StoreLocation {
                 wipe::remove_leftover_copies(path);
                 Ok(store)
             }
-            StoreLocation::InTask { db, name } => {
-                let store = db.store(name)?;
-                adopt::adopt(&store, &db.path().join(name), options)?;
-                Ok(store)
-            }
+            StoreLocation::InTask { db, name } => Ok(db.store(name)?),
         }
     }
 

@@ -18,7 +18,6 @@
 //! A restore ends at the end captured in step 3; records written later are the store's own (or,
 //! if another writer's, poison it: see the producer's offset checks).
 
-mod adopt;
 mod clients;
 mod consumer;
 mod end;
@@ -40,7 +39,6 @@ use crate::error::ChangelogError;
 use crate::position::ChangelogPosition;
 use crate::topic::TopicFacts;
 
-pub use adopt::move_task_directory;
 pub use clients::{PREFETCHED_END_TTL, RestoreClients, RestoreCluster};
 pub use follow::{FollowerGroup, Following};
 pub use location::StoreLocation;

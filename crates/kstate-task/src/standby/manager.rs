@@ -244,9 +244,8 @@ fn start(
         return following;
     };
     let options = &app.config.rocksdb;
-    let dir = app.config.task_dir(task.partition);
     let wait = crate::restorer::task_wait(stores);
-    let task_db = match crate::restorer::open_task_db(&db, task, &dir, options, cancel, wait) {
+    let task_db = match crate::restorer::open_task_db(&db, task, stores, cancel, wait) {
         Ok(t) => t,
         Err(e) => {
             if !cancel.is_cancelled() {

@@ -238,7 +238,6 @@ impl RestoreQueue {
                 Job {
                     id: self.next_job,
                     task: TaskId { partition },
-                    dir: config.task_dir(partition),
                     stores,
                     batch: batch.clone(),
                     cancel: CancelToken::new(),
@@ -265,12 +264,11 @@ impl RestoreQueue {
 /// shared RocksDB, or a directory an older kstate left (moved in when the task opens). An
 /// unreadable (or already closed) RocksDB counts as state: the restore reports what is wrong.
 fn has_local_state(app: &AppShared, partition: i32) -> bool {
-    let in_shared = match (u32::try_from(partition), app.state_db()) {
-        (Ok(task), Some(db)) => db.has_state(task).unwrap_or(true),
+    match (u32::try_from(partition), app.state_db()) {
+        (Ok(task), Some(state)) => state.has_state(task),
         (Ok(_), None) => true,
         (Err(_), _) => false,
-    };
-    in_shared || app.config.task_dir(partition).exists()
+    }
 }
 
 /// Where each of `partitions` starts: the group's committed offset, or for one without, the

@@ -312,8 +312,8 @@ fn harness_with(
     let state = tempfile::tempdir().unwrap();
     builder.state_dir(state.path());
     let config = builder.resolved().unwrap();
-    let rocksdb = kstate_rocksdb::SharedDb::open(
-        config.shared_db_dir(),
+    let rocksdb = kstate_rocksdb::StateDir::open(
+        config.state_root(),
         &[],
         &kstate_rocksdb::RocksDbOptions::default(),
     )
