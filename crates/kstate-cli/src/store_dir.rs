@@ -1,78 +1,26 @@
 //! Opening a store for the operator. A path names a directory holding one store (the layout
-//! kstate wrote first), or `<task directory>/<store>`: a store of a task, at the path where the
-//! older layout kept it. The task's stores are in the RocksDB the application's tasks share
-//! (`<state-dir>/<app-id>/rocksdb`, beside the task directories `<state-dir>/<app-id>/<p>`), or
-//! in a RocksDB of the task's own at the task directory (the layout before). Where both exist
-//! (the application keeps a task's old RocksDB that holds a store it no longer declares, after
-//! moving the others into the shared one), the tool takes the store from where the application
-//! does: the shared RocksDB, once the store's position is there. The tool never creates a
-//! RocksDB where the user mistyped a path, and RocksDB's own lock refuses a directory a running
-//! application holds.
+//! kstate wrote first), or `<state-dir>/<app-id>/<p>/<store>`: a store of task *p*, at the path
+//! where the oldest layout kept it, whichever layout holds it now (the RocksDB the
+//! application's tasks share, `<state-dir>/<app-id>/rocksdb`, or an older one). kstate-rocksdb's
+//! [`StateDir`] decides which copy that is, as it does for the application: the tool reads the
+//! copy the application keeps ([`StateDir::read_store`]) and writes where the application
+//! reads ([`StateDir::open_task`]). The tool never creates a RocksDB where the user mistyped a
+//! path, and RocksDB's own lock refuses a directory a running application holds.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use kstate_kafka::{ChangelogPosition, StoreLocation};
-use kstate_rocksdb::{Layout, OpenError, RocksDbOptions, RocksDbStore, SharedDb, TaskDb};
-
-/// The task directory and store name `dir` names, when `dir` is `<task directory>/<store>` and
-/// the task directory is a RocksDB of its own.
-fn in_task(dir: &Path) -> Option<(&Path, &str)> {
-    let task = dir.parent()?;
-    let name = dir.file_name()?.to_str()?;
-    (task.join("CURRENT").is_file() && !dir.exists()).then_some((task, name))
-}
-
-/// A store of a task in the RocksDB its application's tasks share.
-struct InShared<'a> {
-    /// `<state-dir>/<app-id>/rocksdb`.
-    rocksdb: PathBuf,
-    task: u32,
-    task_dir: &'a Path,
-    name: &'a str,
-}
-
-impl InShared<'_> {
-    fn task_db(&self, shared: &SharedDb) -> Result<TaskDb> {
-        Ok(shared.task(self.task, self.task_dir)?)
-    }
-}
-
-/// What `dir` names when it is `<state-dir>/<app-id>/<p>/<store>` and
-/// `<state-dir>/<app-id>/rocksdb` is a RocksDB.
-fn in_shared(dir: &Path) -> Option<InShared<'_>> {
-    let task_dir = dir.parent()?;
-    let name = dir.file_name()?.to_str()?;
-    let task = task_dir.file_name()?.to_str()?.parse().ok()?;
-    let rocksdb = task_dir.parent()?.join("rocksdb");
-    (rocksdb.join("CURRENT").is_file() && !dir.exists()).then_some(InShared {
-        rocksdb,
-        task,
-        task_dir,
-        name,
-    })
-}
+use kstate_rocksdb::{
+    Layout, OpenError, RocksDbOptions, RocksDbStore, SHARED_DIR, StateDir, TaskDb,
+};
 
 /// Opens the existing store at `dir`.
 pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
-    let old = in_task(dir);
-    if let Some(at) = in_shared(dir) {
-        let shared = SharedDb::open_existing(&at.rocksdb, &RocksDbOptions::default())
-            .with_context(|| format!("opening the tasks' RocksDB at {}", at.rocksdb.display()))?;
-        // The application's order (`StateDir::open_task`): the shared RocksDB once it
-        // holds the store's position, else the task's own RocksDB not moved yet.
-        match at.task_db(&shared).and_then(|db| Ok(db.store(at.name)?)) {
-            Ok(store) if old.is_none() || !store.metadata_entries()?.is_empty() => {
-                return Ok(store);
-            }
-            Err(e) if old.is_none() => return Err(e),
-            Ok(_) | Err(_) => {}
-        }
-    }
-    if let Some((task, name)) = old {
-        let db = TaskDb::open_existing(task, &RocksDbOptions::default())
-            .with_context(|| format!("opening the task's RocksDB at {}", task.display()))?;
-        return Ok(db.store(name)?);
+    let options = RocksDbOptions::default();
+    if let Some(at) = StateDir::parse_store_path(dir) {
+        // The copy the application keeps, whichever layout holds it.
+        return Ok(StateDir::read_store(&at, &options)?);
     }
     if !dir.join("CURRENT").is_file() {
         bail!(
@@ -81,12 +29,12 @@ pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
             dir.display()
         );
     }
-    match RocksDbStore::open(dir, &RocksDbOptions::default()) {
+    match RocksDbStore::open(dir, &options) {
         Err(OpenError::WrongLayout {
             found: Layout::Task,
             ..
         }) => {
-            let stores = TaskDb::open_existing(dir, &RocksDbOptions::default())
+            let stores = TaskDb::open_existing(dir, &options)
                 .map(|db| db.stores())
                 .unwrap_or_default();
             bail!(
@@ -111,30 +59,33 @@ pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
     }
 }
 
-/// Where the store at `dir` is, for commands that may create it (`restore`, `reseed`): in its
-/// task's RocksDB when `dir` is `<task directory>/<store>` (the shared one when the application
-/// has one: a store written there wins over the task's own RocksDB when the application next
-/// opens the task), else a directory of its own.
+/// Where the store at `dir` is, for commands that may create it (`restore`, `reseed`): in the
+/// application's shared RocksDB when `dir` is `<state-dir>/<app-id>/<p>/<store>` of an
+/// application that has one (opened as the application opens a task: what older layouts left
+/// for the store is moved in first), else a directory of its own. A store of a task's RocksDB
+/// of the older layout, in a state directory without a shared RocksDB, is refused: the tool
+/// does not write an older layout.
 pub(crate) fn location(dir: &Path) -> Result<StoreLocation> {
-    if let Some(at) = in_shared(dir) {
-        let shared = SharedDb::open(&at.rocksdb, &[at.name], &RocksDbOptions::default())
-            .with_context(|| format!("opening the tasks' RocksDB at {}", at.rocksdb.display()))?;
-        return Ok(StoreLocation::InTask {
-            db: at.task_db(&shared)?,
-            name: at.name.to_string(),
-        });
+    let Some(at) = StateDir::parse_store_path(dir) else {
+        return Ok(StoreLocation::Directory(dir.to_path_buf()));
+    };
+    if !at.root.join(SHARED_DIR).join("CURRENT").is_file() {
+        bail!(
+            "{} is a store of a task's RocksDB of an older layout ({}): start the application \
+             once (it moves its tasks into the RocksDB they share, {}), or write into a \
+             directory of its own",
+            dir.display(),
+            at.root.join(at.task.to_string()).display(),
+            at.root.join(SHARED_DIR).display()
+        );
     }
-    match in_task(dir) {
-        Some((task, name)) => {
-            let db = TaskDb::open(task, &[name], &RocksDbOptions::default())
-                .with_context(|| format!("opening the task's RocksDB at {}", task.display()))?;
-            Ok(StoreLocation::InTask {
-                db,
-                name: name.to_string(),
-            })
-        }
-        None => Ok(StoreLocation::Directory(dir.to_path_buf())),
-    }
+    let options = RocksDbOptions::default();
+    let state = StateDir::open(&at.root, &[&at.store], &options)
+        .with_context(|| format!("opening the tasks' RocksDB in {}", at.root.display()))?;
+    Ok(StoreLocation::InTask {
+        db: state.open_task(at.task, &[&at.store])?,
+        name: at.store,
+    })
 }
 
 /// The changelog position stored in `store`, or an error naming `dir` if there is none.

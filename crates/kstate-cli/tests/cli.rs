@@ -730,3 +730,90 @@ fn restore_and_verify_over_sasl_ssl_and_a_wrong_password_is_named_never_printed(
     );
     Ok(())
 }
+
+/// A copy of storage layout fixture `name` (`crates/kstate-rocksdb/tests/fixtures/layouts`,
+/// bytes older kstate versions wrote) in `into`.
+fn layout_fixture(name: &str, into: &Path) -> Result<std::path::PathBuf> {
+    fn copy(from: &Path, to: &Path) -> Result<()> {
+        std::fs::create_dir_all(to)?;
+        for entry in std::fs::read_dir(from).with_context(|| from.display().to_string())? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                copy(&entry.path(), &to.join(entry.file_name()))?;
+            } else {
+                std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+            }
+        }
+        Ok(())
+    }
+    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kstate-rocksdb/tests/fixtures/layouts")
+        .join(name);
+    let root = into.join(name);
+    copy(&from, &root)?;
+    Ok(root)
+}
+
+fn inspected_offset(store: &Path) -> Result<Value> {
+    let path = store.to_str().context("path")?;
+    let inspected: Value = serde_json::from_str(&expect(0, &["inspect", path, "--json"])?)?;
+    Ok(inspected["offset"].clone())
+}
+
+/// Where older copies of a store are left beside the one the application keeps (a move cut
+/// short by a kill), the tool reads the application's: the shared RocksDB's, whether the older
+/// copy is a task's RocksDB (layout 2) or a directory of the store's own (layout 1), and it
+/// moves nothing. In the fixtures a store's offset is its generation * 100 + 41.
+#[test]
+fn a_store_with_older_copies_left_beside_it_is_read_from_the_shared_rocksdb() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    // Layout 2's `0/` (generation 50) beside the shared RocksDB (51).
+    let root = layout_fixture("v3_mid_move", tmp.path())?;
+    ensure!(inspected_offset(&root.join("0/counts"))? == 5141);
+    ensure!(
+        root.join("0/CURRENT").is_file(),
+        "the older copy was left alone"
+    );
+    // Layout 1's `0/counts/` (generation 10) beside the shared RocksDB (60).
+    let root = layout_fixture("v3_shared", tmp.path())?;
+    let v1 = layout_fixture("v1_store_dirs", &tmp.path().join("v1"))?;
+    std::fs::create_dir(root.join("0"))?;
+    std::fs::rename(v1.join("0/counts"), root.join("0/counts"))?;
+    ensure!(inspected_offset(&root.join("0/counts"))? == 6041);
+    ensure!(inspected_offset(&root.join("1/counts"))? == 6041);
+    // Layout 1 alone: the directory itself.
+    ensure!(inspected_offset(&v1.join("1/counts"))? == 1141);
+    Ok(())
+}
+
+/// The tool writes a store of a task only where the application reads it: into the shared
+/// RocksDB, never into an older layout's RocksDB.
+#[test]
+fn writing_a_store_of_a_task_without_a_shared_rocksdb_is_refused() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let root = layout_fixture("v2_task_dir", tmp.path())?;
+    let path = root.join("0/counts");
+    let out = kstate(&[
+        "restore",
+        path.to_str().context("path")?,
+        "--bootstrap-servers",
+        "127.0.0.1:1",
+        "--topic",
+        "t",
+        "--partition",
+        "0",
+    ])?;
+    let err = text(&out.stderr);
+    ensure!(
+        out.status.code() == Some(3)
+            && err.contains("older layout")
+            && err.contains("start the application"),
+        "exit {:?}: {err}",
+        out.status.code()
+    );
+    ensure!(
+        !root.join("rocksdb").exists(),
+        "a shared RocksDB was created"
+    );
+    Ok(())
+}

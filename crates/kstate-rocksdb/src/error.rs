@@ -11,6 +11,16 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
+    /// Reading a store at `path` to find its newest copy failed.
+    #[error("reading the store at {path} failed: {source}")]
+    Read {
+        /// The store, named as `<task directory>/<store>`.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: kstate_core::Error,
+    },
+
     /// Moving what an older layout left at `path` into today's failed; the older copy is
     /// intact (it is deleted only once the new one holds its metadata).
     #[error("moving the {from} at {path} into the shared RocksDB failed: {source}")]

@@ -51,6 +51,6 @@ pub use pending::{PendingCharge, PendingMemory};
 /// The `rocksdb` crate this one is built on, for benchmarks that compare against it.
 pub use rocksdb;
 pub use shared_db::SharedDb;
-pub use state_dir::{SHARED_DIR, StateDir};
+pub use state_dir::{SHARED_DIR, StateDir, StorePath};
 pub use store::RocksDbStore;
 pub use task_db::TaskDb;

@@ -13,15 +13,29 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::db::OpenMode;
 use crate::error::OpenError;
 use crate::migrate::{self, Source};
 use crate::options::RocksDbOptions;
 use crate::shared_db::SharedDb;
+use crate::store::RocksDbStore;
 use crate::task_db::TaskDb;
 
 /// The directory of the RocksDB every task of the application shares, under the state
 /// directory.
 pub const SHARED_DIR: &str = "rocksdb";
+
+/// A store of a task, named by the path the oldest layout kept it at: `<root>/<task>/<store>`
+/// ([`StateDir::parse_store_path`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorePath {
+    /// The state directory, `<state-dir>/<app-id>`.
+    pub root: PathBuf,
+    /// The task.
+    pub task: u32,
+    /// The store's name.
+    pub store: String,
+}
 
 /// An application's state directory and its shared RocksDB.
 #[derive(Clone, Debug)]
@@ -93,6 +107,71 @@ impl StateDir {
             }
         }
         Ok(part)
+    }
+
+    /// What `path` names when it is `<root>/<task>/<store>` of a state directory in which some
+    /// layout holds task stores (`<root>/rocksdb/` or `<root>/<task>/` is a RocksDB): the path
+    /// by which operators name a store of a task, whichever layout holds it.
+    pub fn parse_store_path(path: &Path) -> Option<StorePath> {
+        let store = path.file_name()?.to_str()?.to_string();
+        let task_dir = path.parent()?;
+        let task = task_dir.file_name()?.to_str()?.parse().ok()?;
+        let root = task_dir.parent()?;
+        let has_rocksdb = |dir: &Path| dir.join("CURRENT").is_file();
+        (has_rocksdb(&root.join(SHARED_DIR)) || has_rocksdb(task_dir)).then(|| StorePath {
+            root: root.to_path_buf(),
+            task,
+            store,
+        })
+    }
+
+    /// The store `at` names, for reading: the copy the task's next [`open_task`] keeps (the
+    /// shared RocksDB's once it holds metadata, else layout 2's with metadata, else layout 1's
+    /// directory, else a copy without metadata). Moves nothing, creates no RocksDB and no column
+    /// family, and writes no record into an older layout. No copy anywhere is
+    /// [`OpenError::NoSuchStore`], naming what the task's RocksDB (or the shared one) holds.
+    ///
+    /// [`open_task`]: Self::open_task
+    pub fn read_store(at: &StorePath, options: &RocksDbOptions) -> Result<RocksDbStore, OpenError> {
+        let task_dir = at.root.join(at.task.to_string());
+        let named = task_dir.join(&at.store);
+        let positioned = |store: &RocksDbStore| {
+            store
+                .metadata_entries()
+                .map(|m| !m.is_empty())
+                .map_err(|source| OpenError::Read {
+                    path: named.clone(),
+                    source,
+                })
+        };
+        let mut missing = None;
+        let shared_path = at.root.join(SHARED_DIR);
+        let mut in_shared = None;
+        if shared_path.join("CURRENT").is_file() {
+            let db = SharedDb::open_existing(&shared_path, options)?;
+            let part = db.task(at.task, &task_dir)?;
+            match part.store(&at.store) {
+                Ok(store) if positioned(&store)? => return Ok(store),
+                Ok(store) => in_shared = Some(store),
+                Err(e) => missing = Some(e),
+            }
+        }
+        let mut in_task = None;
+        if task_dir.join("CURRENT").is_file() {
+            let db = TaskDb::open_in(&task_dir, options, OpenMode::Legacy)?;
+            match db.store(&at.store) {
+                Ok(store) if positioned(&store)? => return Ok(store),
+                Ok(store) => in_task = Some(store),
+                Err(e) => missing = Some(e),
+            }
+        }
+        if named.join("CURRENT").is_file() {
+            return RocksDbStore::open_in(&named, options, OpenMode::Legacy);
+        }
+        match in_task.or(in_shared) {
+            Some(store) => Ok(store),
+            None => Err(missing.unwrap_or(OpenError::NotFound { path: named })),
+        }
     }
 
     /// Whether task `task` has state here to resume from: a metadata record in the shared

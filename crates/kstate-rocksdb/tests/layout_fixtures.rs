@@ -15,7 +15,9 @@ mod layouts;
 
 use std::path::{Path, PathBuf};
 
-use kstate_rocksdb::{Layout, OpenError, RocksDbOptions, RocksDbStore, SharedDb, StateDir, TaskDb};
+use kstate_rocksdb::{
+    Layout, OpenError, RocksDbOptions, RocksDbStore, SharedDb, StateDir, StorePath, TaskDb,
+};
 
 use layouts::{Copy, FIXTURES, Line, fixtures_dir, lines_of};
 
@@ -432,4 +434,90 @@ fn a_store_of_the_oldest_layout_left_undeclared_inside_a_task_directory_keeps_it
     );
     // Opened again: kept again, not an error.
     drop(state.open_task(0, &["counts"]).unwrap());
+}
+
+// ----- reading a store for operators: the copy the opener keeps, nothing moved -----
+
+fn read_store(root: &Path, task: u32, store: &str) -> Result<Vec<String>, OpenError> {
+    let at = StorePath {
+        root: root.to_path_buf(),
+        task,
+        store: store.to_string(),
+    };
+    let read = StateDir::read_store(&at, &options())?;
+    let mut lines: Vec<String> = lines_of(&Copy::Shared { task }, store, &read)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    lines.sort();
+    Ok(lines)
+}
+
+#[test]
+fn reading_a_store_finds_the_copy_the_opener_keeps_and_moves_nothing() {
+    type Source = fn(u32, &str) -> Copy;
+    let cases: [(&str, &[u32], Source); 4] = [
+        ("v1_store_dirs", &[0, 1], |task, _| Copy::StoreDir { task }),
+        ("v2_task_dir", &[0, 1], |task, _| Copy::TaskDir { task }),
+        ("v2_with_v1_inside", &[0], |task, store| match store {
+            "counts" => Copy::TaskDir { task },
+            _ => Copy::StoreDir { task },
+        }),
+        ("v3_mid_move", &[0], |task, _| Copy::Shared { task }),
+    ];
+    for (name, tasks, source) in cases {
+        let (_dir, root, expected) = fixture(name);
+        for &task in tasks {
+            for store in DECLARED {
+                assert_eq!(
+                    read_store(&root, task, store).unwrap(),
+                    moved(&expected, source(task, store), store),
+                    "fixture {name}, task {task}, store {store}"
+                );
+            }
+        }
+        assert_eq!(
+            read_all(&root)
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            expected.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "fixture {name}: reading moved or changed nothing"
+        );
+    }
+}
+
+#[test]
+fn a_store_no_layout_holds_is_an_error_naming_what_the_task_holds() {
+    let (_dir, root, _) = fixture("v2_task_dir");
+    let error = read_store(&root, 0, "nope").unwrap_err();
+    assert!(
+        matches!(&error, OpenError::NoSuchStore { store, held, .. } if store == "nope" && held == &["counts", "events"]),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_path_names_a_store_of_a_task_only_where_a_layout_holds_task_stores() {
+    let (_dir, root, _) = fixture("v3_shared");
+    assert_eq!(
+        StateDir::parse_store_path(&root.join("7").join("counts")),
+        Some(StorePath {
+            root: root.clone(),
+            task: 7,
+            store: "counts".into(),
+        })
+    );
+    assert_eq!(
+        StateDir::parse_store_path(&root.join("x").join("counts")),
+        None
+    );
+    let (_dir, root, _) = fixture("v1_store_dirs");
+    assert_eq!(
+        StateDir::parse_store_path(&root.join("0").join("counts")),
+        None,
+        "layout 1 alone: a store directory of its own"
+    );
+    let (_dir, root, _) = fixture("v2_task_dir");
+    assert!(StateDir::parse_store_path(&root.join("1").join("events")).is_some());
 }
