@@ -131,40 +131,33 @@ fn wrong_layout(result: Result<impl Sized, OpenError>) -> (Layout, Layout) {
     }
 }
 
+/// Opens `path` with the opener of `layout`; the layout an error says it found, if any.
+fn open_as(layout: Layout, path: &Path) -> Result<(), OpenError> {
+    match layout {
+        Layout::Store => RocksDbStore::open(path, &options()).map(drop),
+        Layout::Task => TaskDb::open_existing(path, &options()).map(drop),
+        Layout::Shared => SharedDb::open_existing(path, &options()).map(drop),
+    }
+}
+
 #[test]
 fn each_old_layout_opens_as_itself_and_as_no_other() {
-    let (_dir, root, _) = fixture("v1_store_dirs");
-    let store_dir = root.join("0").join("counts");
-    assert_eq!(
-        wrong_layout(TaskDb::open_existing(&store_dir, &options())),
-        (Layout::Store, Layout::Task)
-    );
-    assert_eq!(
-        wrong_layout(SharedDb::open_existing(&store_dir, &options())),
-        (Layout::Store, Layout::Shared)
-    );
-
-    let (_dir, root, _) = fixture("v2_task_dir");
-    let task_dir = root.join("0");
-    assert_eq!(
-        wrong_layout(RocksDbStore::open(&task_dir, &options())),
-        (Layout::Task, Layout::Store)
-    );
-    assert_eq!(
-        wrong_layout(SharedDb::open_existing(&task_dir, &options())),
-        (Layout::Task, Layout::Shared)
-    );
-
-    let (_dir, root, _) = fixture("v3_shared");
-    let shared = root.join("rocksdb");
-    assert_eq!(
-        wrong_layout(RocksDbStore::open(&shared, &options())),
-        (Layout::Shared, Layout::Store)
-    );
-    assert_eq!(
-        wrong_layout(TaskDb::open_existing(&shared, &options())),
-        (Layout::Shared, Layout::Task)
-    );
+    let all = [Layout::Store, Layout::Task, Layout::Shared];
+    for (name, at, layout) in [
+        ("v1_store_dirs", "0/counts", Layout::Store),
+        ("v2_task_dir", "0", Layout::Task),
+        ("v3_shared", "rocksdb", Layout::Shared),
+    ] {
+        let (_dir, root, _) = fixture(name);
+        for other in all.into_iter().filter(|l| *l != layout) {
+            assert_eq!(
+                wrong_layout(open_as(other, &root.join(at))),
+                (layout, other),
+                "fixture {name} opened as {other}"
+            );
+        }
+        open_as(layout, &root.join(at)).unwrap();
+    }
 }
 
 #[test]
