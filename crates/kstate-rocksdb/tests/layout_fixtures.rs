@@ -270,19 +270,22 @@ fn tree_digest(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
+/// Which copy of task `t`'s store `s` the opener keeps, for the fixtures with older copies:
+/// (fixture, its tasks, the copy for (t, s)).
+type Kept = (&'static str, &'static [u32], fn(u32, &str) -> Copy);
+const KEPT: [Kept; 4] = [
+    ("v1_store_dirs", &[0, 1], |task, _| Copy::StoreDir { task }),
+    ("v2_task_dir", &[0, 1], |task, _| Copy::TaskDir { task }),
+    ("v2_with_v1_inside", &[0], |task, store| match store {
+        "counts" => Copy::TaskDir { task },
+        _ => Copy::StoreDir { task },
+    }),
+    ("v3_mid_move", &[0], |task, _| Copy::Shared { task }),
+];
+
 #[test]
 fn the_opener_moves_every_older_layout_into_the_shared_rocksdb_and_deletes_the_older_copies() {
-    // (fixture, tasks, where each store's copy must come from)
-    type Source = fn(u32, &str) -> Copy;
-    let cases: [(&str, &[u32], Source); 3] = [
-        ("v1_store_dirs", &[0, 1], |task, _| Copy::StoreDir { task }),
-        ("v2_task_dir", &[0, 1], |task, _| Copy::TaskDir { task }),
-        ("v2_with_v1_inside", &[0], |task, store| match store {
-            "counts" => Copy::TaskDir { task },
-            _ => Copy::StoreDir { task },
-        }),
-    ];
-    for (name, tasks, source) in cases {
+    for (name, tasks, source) in KEPT {
         let (_dir, root, expected) = fixture(name);
         let state = StateDir::open(&root, &DECLARED, &options()).unwrap();
         for &task in tasks {
@@ -448,17 +451,7 @@ fn read_store(root: &Path, task: u32, store: &str) -> Result<Vec<String>, OpenEr
 
 #[test]
 fn reading_a_store_finds_the_copy_the_opener_keeps_and_moves_nothing() {
-    type Source = fn(u32, &str) -> Copy;
-    let cases: [(&str, &[u32], Source); 4] = [
-        ("v1_store_dirs", &[0, 1], |task, _| Copy::StoreDir { task }),
-        ("v2_task_dir", &[0, 1], |task, _| Copy::TaskDir { task }),
-        ("v2_with_v1_inside", &[0], |task, store| match store {
-            "counts" => Copy::TaskDir { task },
-            _ => Copy::StoreDir { task },
-        }),
-        ("v3_mid_move", &[0], |task, _| Copy::Shared { task }),
-    ];
-    for (name, tasks, source) in cases {
+    for (name, tasks, source) in KEPT {
         let (_dir, root, expected) = fixture(name);
         for &task in tasks {
             for store in DECLARED {
