@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::db::OpenMode;
 use crate::error::OpenError;
-use crate::migrate::{self, Source};
+use crate::migrate;
 use crate::options::RocksDbOptions;
 use crate::shared_db::SharedDb;
 use crate::store::RocksDbStore;
@@ -100,12 +100,7 @@ impl StateDir {
     pub fn open_task(&self, task: u32, stores: &[&str]) -> Result<TaskDb, OpenError> {
         let dir = self.task_dir(task);
         let part = self.db.task(task, &dir)?;
-        let moved = migrate::run(&part, &dir, stores, &self.options)?;
-        for (store, source) in moved {
-            if source != Source::Current && source != Source::Nothing {
-                tracing::debug!(task, store, ?source, "moved into the shared RocksDB");
-            }
-        }
+        migrate::run(&part, &dir, stores, &self.options)?;
         Ok(part)
     }
 

@@ -38,36 +38,20 @@ use copy::{Reader, copy};
 use v1_store_dir::StoreDir;
 use v2_task_dir::TaskDir;
 
-/// Where the copy of a store that the move keeps came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// The shared RocksDB's own (it held metadata): nothing was copied.
-    Current,
-    /// Layout 2's column family.
-    TaskDir,
-    /// Layout 1's directory.
-    StoreDir,
-    /// No copy anywhere: the store starts empty.
-    Nothing,
-}
-
 /// Moves what the older layouts left at `task_dir` (a task's directory) for `stores` into
-/// `target`, the task's part of the shared RocksDB, then deletes the older copies; returns
-/// where each store's copy came from.
+/// `target`, the task's part of the shared RocksDB, then deletes the older copies.
 pub(crate) fn run(
     target: &TaskDb,
     task_dir: &Path,
     stores: &[&str],
     options: &RocksDbOptions,
-) -> Result<Vec<(String, Source)>, OpenError> {
+) -> Result<(), OpenError> {
     wipe::remove_leftover_copies(task_dir);
     let v2 = TaskDir::open(task_dir, options)?;
-    let mut sources = Vec::new();
     for &name in stores {
         wipe::remove_leftover_copies(&task_dir.join(name));
         let store = target.store(name)?;
-        let source = move_store(&store, v2.as_ref(), &task_dir.join(name), name, options)?;
-        sources.push((name.to_string(), source));
+        move_store(&store, v2.as_ref(), &task_dir.join(name), name, options)?;
     }
     // Every target holds its metadata now: the older copies go.
     for &name in stores {
@@ -82,7 +66,7 @@ pub(crate) fn run(
     };
     drop(v2);
     retire_task_dir(task_dir, &undeclared)?;
-    Ok(sources)
+    Ok(())
 }
 
 /// Copies the newest older copy of store `name` into `store`, unless `store` holds metadata.
@@ -92,7 +76,7 @@ fn move_store(
     v1_dir: &Path,
     name: &str,
     options: &RocksDbOptions,
-) -> Result<Source, OpenError> {
+) -> Result<(), OpenError> {
     let failed = |path: &Path, from| {
         let path = path.to_path_buf();
         move |source| OpenError::Migrate { path, from, source }
@@ -101,7 +85,7 @@ fn move_store(
         .metadata_entries()
         .map_err(failed(v1_dir, Layout::Shared))?;
     if !held.is_empty() {
-        return Ok(Source::Current);
+        return Ok(());
     }
     let in_v2 = match v2 {
         Some(v2) => v2.store(name)?,
@@ -117,10 +101,10 @@ fn move_store(
         true => None,
         false => StoreDir::open(v1_dir, options)?,
     };
-    let (reader, source, from): (&Reader, _, _) = match (&in_v2, &v1) {
-        (_, Some(v1)) => (v1.reader(), Source::StoreDir, Layout::Store),
-        (Some(v2), None) => (v2, Source::TaskDir, Layout::Task),
-        (None, None) => return Ok(Source::Nothing),
+    let (reader, from): (&Reader, _) = match (&in_v2, &v1) {
+        (_, Some(v1)) => (v1.reader(), Layout::Store),
+        (Some(v2), None) => (v2, Layout::Task),
+        (None, None) => return Ok(()),
     };
     let entries = copy(reader, store).map_err(failed(reader.path(), from))?;
     tracing::info!(
@@ -130,7 +114,7 @@ fn move_store(
         entries,
         "moved a store of an older layout into the shared RocksDB"
     );
-    Ok(source)
+    Ok(())
 }
 
 /// Deletes the task's directory once nothing in it is needed: kept (with a warning) while it
