@@ -94,28 +94,46 @@ pub(crate) fn capture_end(
             result => return result.map_err(unreachable),
         }
     };
+    let open_transaction = |stable, high| ChangelogError::OpenTransaction {
+        topic: topic.to_string(),
+        partition,
+        last_stable_offset: stable,
+        high_watermark: high,
+        waited: started.elapsed(),
+    };
+    // The last stable offset and end seen while a transaction held the partition open.
+    let mut held: Option<(i64, i64)> = None;
     let mut logged = false;
     loop {
         if let Some(e) = cancelled() {
             return Err(e);
         }
-        let (low, high) =
-            watermarks(&|timeout| uncommitted.fetch_watermarks(topic, partition, timeout))?;
-        let (_, stable) =
-            watermarks(&|timeout| committed.fetch_watermarks(topic, partition, timeout))?;
+        let queried =
+            watermarks(&|timeout| uncommitted.fetch_watermarks(topic, partition, timeout))
+                .and_then(|(low, high)| {
+                    let (_, stable) = watermarks(&|timeout| {
+                        committed.fetch_watermarks(topic, partition, timeout)
+                    })?;
+                    Ok((low, high, stable))
+                });
+        let (low, high, stable) = match (queried, held) {
+            (Ok(offsets), _) => offsets,
+            // A query near the deadline has almost no time left and times out: what the open
+            // ran out of time waiting for is the transaction, which the error must name.
+            (Err(ChangelogError::BrokerUnreachable { .. }), Some((stable, high)))
+                if started.elapsed() >= config.open_timeout =>
+            {
+                return Err(open_transaction(stable, high));
+            }
+            (Err(e), _) => return Err(e),
+        };
         if stable >= high {
             return Ok(Watermarks { low, high });
         }
-        let waited = started.elapsed();
-        if waited >= config.open_timeout {
-            return Err(ChangelogError::OpenTransaction {
-                topic: topic.to_string(),
-                partition,
-                last_stable_offset: stable,
-                high_watermark: high,
-                waited,
-            });
+        if started.elapsed() >= config.open_timeout {
+            return Err(open_transaction(stable, high));
         }
+        held = Some((stable, high));
         if !logged {
             tracing::warn!(
                 topic,
