@@ -1,7 +1,8 @@
-//! What each RocksDB instance costs a process, apart from the data it holds: `--tasks` task
-//! RocksDBs (`TaskDb`, `--stores` stores each, a few keys per store, flushed) are created in a
-//! temporary directory, closed, and opened again one after another on one thread, as a restart
-//! of a process with that many tasks opens them. Prints the time per open, and with all of them
+//! What each RocksDB instance costs a process, apart from the data it holds: `--tasks`
+//! RocksDBs, one per task as kstate's older layout had them (each the shared RocksDB of a state
+//! directory of its own, `StateDir`, with `--stores` stores, a few keys per store, flushed), are
+//! created in a temporary directory, closed, and opened again one after another on one thread,
+//! as a restart of a process with that many tasks opened them. Prints the time per open, and with all of them
 //! open the process's resident memory, threads and file descriptors, per instance:
 //!
 //! ```text
@@ -18,7 +19,7 @@ use std::time::Instant;
 use anyhow::{Context as _, Result};
 use clap::Parser;
 use kstate::kstate_core::KeyValueStore;
-use kstate::kstate_rocksdb::{RocksDbOptions, TaskDb};
+use kstate::kstate_rocksdb::{RocksDbOptions, StateDir};
 use kstate_bench::cli::number;
 
 /// What each RocksDB instance costs a process: task RocksDBs created, closed, and opened again
@@ -62,7 +63,7 @@ fn main() -> Result<()> {
 
     let started = Instant::now();
     for task in 0..tasks {
-        let db = TaskDb::open(path(task), &names, &options)?;
+        let db = StateDir::open(path(task), &names, &options)?.open_task(0, &names)?;
         for name in &names {
             let store = db.store(name)?;
             for key in 0..10u64 {
@@ -77,7 +78,7 @@ fn main() -> Result<()> {
     let fds_before = std::fs::read_dir("/proc/self/fd")?.count();
     let started = Instant::now();
     let held = (0..tasks)
-        .map(|task| TaskDb::open(path(task), &names, &options))
+        .map(|task| StateDir::open(path(task), &names, &options))
         .collect::<Result<Vec<_>, _>>()?;
     let open = started.elapsed();
     let (rss, threads) = rss_kb_and_threads()?;

@@ -36,7 +36,7 @@ use common::streams::{
     check_exact_sequences, env_number, last_counts, produce, read_topic, wait_for,
 };
 use kstate::kstate_kafka::ChangelogPosition;
-use kstate::kstate_rocksdb::{RocksDbOptions, SharedDb};
+use kstate::kstate_rocksdb::{RocksDbOptions, StateDir};
 use kstate_test_broker::unique_topic;
 use rand::{Rng, SeedableRng};
 
@@ -580,11 +580,9 @@ async fn a_paused_copy_that_lost_its_partitions_makes_nothing_visible() -> anyho
     let changelog = format!("{}-counts-changelog", run.app_id);
     let mut checked = 0;
     let app_dir = copies[0].state_dir.join(&run.app_id);
-    let shared = SharedDb::open_existing(app_dir.join("rocksdb"), &RocksDbOptions::default())?;
+    let state = StateDir::open_existing(&app_dir, &RocksDbOptions::default())?;
     for p in 0..PARTITIONS {
-        let raw = shared
-            .task(p as u32, app_dir.join(p.to_string()))?
-            .store("counts")?;
+        let raw = state.open_task(p as u32, &["counts"])?.store("counts")?;
         let Some(position) = ChangelogPosition::read(&raw)? else {
             continue;
         };

@@ -2,20 +2,23 @@
 //! one-directory-per-store layout left is moved by the one opener
 //! ([`StateDir::open_task`](kstate::kstate_rocksdb::StateDir::open_task)) into the RocksDB a
 //! process's tasks share with its data and its position (nothing replayed, nothing lost); a
-//! task's RocksDB of its own (the layout before the shared one) is moved the same way, and kept
-//! while it holds a store the application no longer declares; and a rebuild of one store of a
-//! task (records deleted below its position) wipes that store alone. The layouts' bytes as older
-//! kstate versions wrote them are tested without a broker, from fixtures
+//! task's RocksDB of its own (the layout before the shared one, as an older kstate wrote it: a
+//! fixture) is moved the same way, its positions read back as kstate-kafka reads them; and a
+//! rebuild of one store of a task (records deleted below its position) wipes that store alone.
+//! Every layout's bytes as older kstate versions wrote them are tested from the fixtures
 //! (`crates/kstate-rocksdb/tests/layout_fixtures.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
 
 mod common;
 
+use std::path::Path;
+
 use anyhow::{Context, Result, ensure};
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{
-    ChangelogConfig, Durability, LoggedStore, OpenHooks, RestoredStore, StoreLocation,
+    ChangelogConfig, ChangelogPosition, Durability, LoggedStore, OpenHooks, RestoredStore,
+    StoreLocation,
 };
 use kstate::kstate_rocksdb::{RocksDbOptions, StateDir, TaskDb};
 use kstate_test_broker::{bootstrap_servers, unique_topic};
@@ -118,11 +121,9 @@ async fn a_rebuild_of_one_store_of_a_task_leaves_its_other_stores_alone() -> Res
     );
     common::create_topic(&bootstrap_servers()?, &counts, 1, "compact,delete").await?;
     let dir = tempfile::tempdir()?;
-    let db = TaskDb::open(
-        dir.path(),
-        &["counts", "totals"],
-        &RocksDbOptions::default(),
-    )?;
+    let stores = ["counts", "totals"];
+    let state = StateDir::open(dir.path(), &stores, &RocksDbOptions::default())?;
+    let db = state.open_task(0, &stores)?;
     for (name, topic) in [("counts", &counts), ("totals", &totals)] {
         let store = LoggedStore::open(
             in_task(&db, name),
@@ -172,94 +173,62 @@ async fn a_rebuild_of_one_store_of_a_task_leaves_its_other_stores_alone() -> Res
         keys(&totals_store)?.len() == 100,
         "the rebuild of counts touched totals"
     );
-    let position = kstate::kstate_kafka::ChangelogPosition::read(&totals_store)?
-        .context("totals kept its position")?;
+    let position = ChangelogPosition::read(&totals_store)?.context("totals kept its position")?;
     ensure!(position.offset == 99, "{position:?}");
     Ok(())
 }
 
-#[test]
-fn a_tasks_own_rocksdb_moves_into_the_shared_one_with_its_positions() -> Result<()> {
-    let (counts, totals, other_counts, gone) = (
-        unique_topic("move-counts"),
-        unique_topic("move-totals"),
-        unique_topic("move-counts-1"),
-        unique_topic("move-gone"),
-    );
-    let dir = tempfile::tempdir()?;
-    let (first, second) = (dir.path().join("0"), dir.path().join("1"));
-    // What kstate wrote before: <app>/<p>, a RocksDB per task. Task 1 also holds a store the
-    // application no longer declares.
-    for (task, stores) in [
-        (
-            &first,
-            vec![("counts", &counts, 120), ("totals", &totals, 30)],
-        ),
-        (
-            &second,
-            vec![("counts", &other_counts, 10), ("gone", &gone, 5)],
-        ),
-    ] {
-        let names: Vec<&str> = stores.iter().map(|(name, _, _)| *name).collect();
-        let db = TaskDb::open(task, &names, &RocksDbOptions::default())?;
-        for (name, topic, n) in stores {
-            let store = LoggedStore::open(
-                in_task(&db, name),
-                &RocksDbOptions::default(),
-                config(topic)?,
-            )?;
-            common::write_keys(&store, 0..n)?;
-            store.close()?;
+/// A copy of directory `from` (a storage layout fixture) at `to`.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from).with_context(|| from.display().to_string())? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &to.join(entry.file_name()))?;
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
         }
     }
-    let declared = ["counts", "totals"];
-    let state = StateDir::open(dir.path(), &declared, &RocksDbOptions::default())?;
-    let task = state.open_task(0, &declared)?;
-    ensure!(!first.exists(), "the task's old RocksDB is still there");
-    for (name, topic, n) in [("counts", &counts, 120), ("totals", &totals, 30)] {
-        let restored = RestoredStore::restore(
-            in_task(&task, name),
-            &RocksDbOptions::default(),
-            config(topic)?,
-            &OpenHooks::default(),
-        )?;
-        let report = restored.report().clone();
-        ensure!(
-            report.start.rebuild_reason.is_none() && report.records == 0,
-            "store {name} was replayed instead of moved: {report:?}"
-        );
-        ensure!(
-            report.start.start_offset == n as i64,
-            "store {name} resumed at {} instead of after its position {}",
-            report.start.start_offset,
-            n - 1
-        );
-        restored.close()?;
-        let want: Vec<String> = (0..n).map(|i| format!("key-{i:04}")).collect();
-        ensure!(
-            keys(&task.store(name)?)? == want,
-            "store {name} lost entries in the move"
-        );
-    }
-    ensure!(state.db().tasks()? == vec![0], "only task 0 was moved yet");
+    Ok(())
+}
 
-    // Task 1's declared store moves; the directory stays, holding the undeclared one.
-    let task = state.open_task(1, &declared)?;
-    ensure!(
-        keys(&task.store("counts")?)?.len() == 10,
-        "task 1's counts did not move"
-    );
-    ensure!(
-        second.join("CURRENT").is_file(),
-        "a RocksDB holding an undeclared store was deleted"
-    );
-    drop(task);
-    // Opened again: nothing more to move, and the directory is still kept.
-    drop(state.open_task(1, &declared)?);
-    let left = TaskDb::open_existing(&second, &RocksDbOptions::default())?;
-    ensure!(
-        keys(&left.store("gone")?)?.len() == 5,
-        "the undeclared store lost entries"
-    );
+/// A task's own RocksDB (layout 2, as an older kstate wrote it: the `v2_task_dir` fixture of
+/// `crates/kstate-rocksdb/tests/fixtures/layouts`) moves into the shared RocksDB with each
+/// store's changelog position, read back as kstate-kafka reads it, and its entries.
+#[test]
+fn a_tasks_own_rocksdb_moves_into_the_shared_one_with_its_positions() -> Result<()> {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/kstate-rocksdb/tests/fixtures/layouts/v2_task_dir");
+    let dir = tempfile::tempdir()?;
+    copy_tree(&fixture, dir.path())?;
+    let declared = ["counts", "events"];
+    let state = StateDir::open(dir.path(), &declared, &RocksDbOptions::default())?;
+    for task in [0u32, 1] {
+        let db = state.open_task(task, &declared)?;
+        ensure!(
+            !dir.path().join(task.to_string()).exists(),
+            "task {task}'s old RocksDB is still there"
+        );
+        for (name, topic) in [
+            ("counts", "app-counts-changelog"),
+            ("events", "app-events-changelog"),
+        ] {
+            let store = db.store(name)?;
+            let position = ChangelogPosition::read(&store)?
+                .with_context(|| format!("task {task}'s {name} lost its position"))?;
+            // In the fixtures a store's offset is its generation * 100 + 41 (generation 20).
+            let offset = 2041 + 100 * i64::from(task);
+            ensure!(
+                position.topic == topic
+                    && position.partition == task as i32
+                    && position.offset == offset,
+                "task {task}'s {name}: {position:?}"
+            );
+            ensure!(
+                !keys(&store)?.is_empty(),
+                "task {task}'s {name} lost its entries"
+            );
+        }
+    }
     Ok(())
 }

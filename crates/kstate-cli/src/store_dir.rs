@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use kstate_kafka::{ChangelogPosition, StoreLocation};
 use kstate_rocksdb::{
-    Layout, OpenError, RocksDbOptions, RocksDbStore, SHARED_DIR, StateDir, TaskDb,
+    Layout, OpenError, RocksDbOptions, RocksDbStore, SHARED_DIR, StateDir, migrate,
 };
 
 /// Opens the existing store at `dir`.
@@ -34,9 +34,7 @@ pub(crate) fn open_existing(dir: &Path) -> Result<RocksDbStore> {
             found: Layout::Task,
             ..
         }) => {
-            let stores = TaskDb::open_existing(dir, &options)
-                .map(|db| db.stores())
-                .unwrap_or_default();
+            let stores = migrate::task_dir_stores(dir, &options).unwrap_or_default();
             bail!(
                 "{} holds the stores of a task ({}): name one as {}/<store>",
                 dir.display(),

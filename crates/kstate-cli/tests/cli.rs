@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use kstate_core::KeyValueStore;
 use kstate_kafka::{ChangelogConfig, ClientProperties, LoggedStore, StoreLocation};
-use kstate_rocksdb::{RocksDbOptions, RocksDbStore, SharedDb, StateDir, TaskDb};
+use kstate_rocksdb::{RocksDbOptions, RocksDbStore, StateDir};
 use serde_json::Value;
 
 fn kstate(args: &[&str]) -> Result<Output> {
@@ -376,46 +376,21 @@ async fn reseed_writes_a_deleted_changelog_back() -> Result<()> {
     Ok(())
 }
 
-/// A store of a task's RocksDB is named `<task directory>/<store>`, where the older layout kept
-/// its directory; the task directory itself is refused with the names of its stores.
+/// A store of a task's RocksDB of the older layout (the bytes an older kstate wrote: a
+/// fixture) is named `<task directory>/<store>`, where the oldest layout kept its directory; the
+/// task directory itself is refused with the names of its stores. In the fixtures a store's
+/// offset is its generation * 100 + 41.
 #[test]
-fn a_store_of_a_tasks_rocksdb_is_inspected_and_verified_by_its_old_path() -> Result<()> {
-    let servers = kstate_test_broker::bootstrap_servers()?;
-    let topic = kstate_test_broker::unique_topic("cli-task");
+fn a_store_of_a_tasks_rocksdb_is_inspected_by_its_old_path() -> Result<()> {
     let tmp = tempfile::tempdir()?;
-    let task = tmp.path().join("0");
-    {
-        let db = TaskDb::open(&task, &["counts", "totals"], &RocksDbOptions::default())?;
-        let location = StoreLocation::InTask {
-            db,
-            name: "counts".into(),
-        };
-        let store = LoggedStore::open(
-            location,
-            &RocksDbOptions::default(),
-            config(&servers, &topic),
-        )?;
-        for i in 0..10 {
-            store.put(format!("key-{i}").as_bytes(), b"v")?;
-        }
-        store.close()?;
-    }
-    let counts = task.join("counts");
-    let c = counts.to_str().context("path")?;
-    let inspected: Value = serde_json::from_str(&expect(
-        0,
-        &["inspect", c, "--bootstrap-servers", &servers, "--json"],
-    )?)?;
-    ensure!(
-        inspected["topic"] == topic.as_str() && inspected["offset"] == 9,
-        "{inspected}"
-    );
-    ensure!(inspected["approximate_keys"] == 10, "{inspected}");
-    expect(0, &["verify", c, "--bootstrap-servers", &servers])?;
+    let root = layout_fixture("v2_task_dir", tmp.path())?;
+    let task = root.join("0");
+    ensure!(inspected_offset(&task.join("counts"))? == 2041);
+    ensure!(inspected_offset(&root.join("1").join("events"))? == 2141);
     let out = kstate(&["inspect", task.to_str().context("path")?])?;
     let err = text(&out.stderr);
     ensure!(
-        out.status.code() == Some(3) && err.contains("counts, totals") && err.contains("<store>"),
+        out.status.code() == Some(3) && err.contains("counts, events") && err.contains("<store>"),
         "{err}"
     );
     let missing = kstate(&["inspect", task.join("nope").to_str().context("path")?])?;
@@ -424,6 +399,10 @@ fn a_store_of_a_tasks_rocksdb_is_inspected_and_verified_by_its_old_path() -> Res
             && text(&missing.stderr).contains("holds no store \"nope\""),
         "{}",
         text(&missing.stderr)
+    );
+    ensure!(
+        !root.join("rocksdb").exists(),
+        "reading created a shared RocksDB"
     );
     Ok(())
 }
@@ -439,11 +418,11 @@ fn a_store_of_a_task_in_the_shared_rocksdb_is_inspected_and_verified_by_its_task
     let tmp = tempfile::tempdir()?;
     let app = tmp.path().join("app");
     {
-        let shared = SharedDb::open(app.join("rocksdb"), &["counts"], &RocksDbOptions::default())?;
+        let state = StateDir::open(&app, &["counts"], &RocksDbOptions::default())?;
         let other = kstate_test_broker::unique_topic("cli-shared-4");
         for (task, n, topic) in [(3u32, 7, &topic), (4, 2, &other)] {
             let location = StoreLocation::InTask {
-                db: shared.task(task, app.join(task.to_string()))?,
+                db: state.open_task(task, &["counts"])?,
                 name: "counts".into(),
             };
             let store = LoggedStore::open(
@@ -476,72 +455,6 @@ fn a_store_of_a_task_in_the_shared_rocksdb_is_inspected_and_verified_by_its_task
         out.status.code() == Some(3) && err.contains("<partition>/<store>"),
         "{err}"
     );
-    Ok(())
-}
-
-/// A task directory an older kstate left is kept after its stores moved into the shared
-/// RocksDB when it also holds a store the application no longer declares: the tool reads (and
-/// restores into) the copy the application uses, not the stale one left behind.
-#[test]
-fn a_store_moved_into_the_shared_rocksdb_is_read_there_not_from_the_directory_kept_behind()
--> Result<()> {
-    let servers = kstate_test_broker::bootstrap_servers()?;
-    let topic = kstate_test_broker::unique_topic("cli-kept");
-    let tmp = tempfile::tempdir()?;
-    let app = tmp.path().join("app");
-    let task_dir = app.join("3");
-    let put = |location: StoreLocation, keys: std::ops::Range<u32>| -> Result<()> {
-        let store = LoggedStore::open(
-            location,
-            &RocksDbOptions::default(),
-            config(&servers, &topic),
-        )?;
-        for i in keys {
-            store.put(format!("key-{i}").as_bytes(), b"v")?;
-        }
-        store.close()?;
-        Ok(())
-    };
-    // The older layout: the task's own RocksDB, with a store the application stops declaring.
-    {
-        let db = TaskDb::open(&task_dir, &["counts", "gone"], &RocksDbOptions::default())?;
-        db.store("gone")?.put(b"old", b"v")?;
-        put(
-            StoreLocation::InTask {
-                db,
-                name: "counts".into(),
-            },
-            0..5,
-        )?;
-    }
-    // The application now: `counts` moves into the shared RocksDB (the directory stays, for
-    // `gone`), and goes on there.
-    {
-        let state = StateDir::open(&app, &["counts"], &RocksDbOptions::default())?;
-        let db = state.open_task(3, &["counts"])?;
-        ensure!(
-            task_dir.join("CURRENT").is_file(),
-            "the old directory was kept"
-        );
-        put(
-            StoreLocation::InTask {
-                db,
-                name: "counts".into(),
-            },
-            5..10,
-        )?;
-    }
-    let counts = task_dir.join("counts");
-    let c = counts.to_str().context("path")?;
-    let inspected: Value = serde_json::from_str(&expect(
-        0,
-        &["inspect", c, "--bootstrap-servers", &servers, "--json"],
-    )?)?;
-    ensure!(
-        inspected["offset"] == 9,
-        "the stale copy was read (its last offset is 4): {inspected}"
-    );
-    expect(0, &["verify", c, "--bootstrap-servers", &servers])?;
     Ok(())
 }
 
@@ -761,7 +674,8 @@ fn inspected_offset(store: &Path) -> Result<Value> {
 }
 
 /// Where older copies of a store are left beside the one the application keeps (a move cut
-/// short by a kill), the tool reads the application's: the shared RocksDB's, whether the older
+/// short by a kill, or a task directory kept for a store no longer declared), the tool reads
+/// the application's: the shared RocksDB's, whether the older
 /// copy is a task's RocksDB (layout 2) or a directory of the store's own (layout 1), and it
 /// moves nothing. In the fixtures a store's offset is its generation * 100 + 41.
 #[test]
@@ -783,6 +697,14 @@ fn a_store_with_older_copies_left_beside_it_is_read_from_the_shared_rocksdb() ->
     ensure!(inspected_offset(&root.join("1/counts"))? == 6041);
     // Layout 1 alone: the directory itself.
     ensure!(inspected_offset(&v1.join("1/counts"))? == 1141);
+    // Layout 2's `0/` kept beside the shared RocksDB (60) for a store the application no longer
+    // declares (`retired`, generation 40): the declared store is read from the shared RocksDB,
+    // the undeclared one from the only copy there is.
+    let root = layout_fixture("v3_shared", &tmp.path().join("kept"))?;
+    let v2 = layout_fixture("v2_undeclared_store", &tmp.path().join("v2"))?;
+    std::fs::rename(v2.join("0"), root.join("0"))?;
+    ensure!(inspected_offset(&root.join("0/counts"))? == 6041);
+    ensure!(inspected_offset(&root.join("0/retired"))? == 4041);
     Ok(())
 }
 

@@ -6,8 +6,9 @@
 
 use std::path::PathBuf;
 
-/// Why [`RocksDbStore::open`](crate::RocksDbStore::open) or [`TaskDb::open`](crate::TaskDb::open)
-/// failed.
+/// Why [`RocksDbStore::open`](crate::RocksDbStore::open), a shared RocksDB
+/// ([`SharedDb::open`](crate::SharedDb::open)) or a task's stores
+/// ([`StateDir::open_task`](crate::StateDir::open_task)) failed to open.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {

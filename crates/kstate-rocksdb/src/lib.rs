@@ -6,10 +6,11 @@
 //! the thin RocksDB layer under it:
 //!
 //! - [`RocksDbStore`]: the store; every write disables the WAL ([`wal_free_write_options`]).
-//! - [`TaskDb`]: one RocksDB for a stream task's stores, a column family each, flushed together.
-//! - [`SharedDb`]: one RocksDB for the stores of every task of a process, a key prefix per task.
+//! - [`SharedDb`]: one RocksDB for the stores of every task of a process, a column family per
+//!   store, a key prefix per task, flushed together.
 //! - [`StateDir`]: an application's state directory, and the one opener of a task's stores
-//!   ([`StateDir::open_task`]), which first moves what older layouts left ([`migrate`]).
+//!   ([`StateDir::open_task`], a [`TaskDb`]), which first moves what older layouts left
+//!   ([`migrate`]).
 //! - [`RocksDbOptions`]: defaults chosen by measurement, and a builder to tune them.
 //! - [`MemoryBudget`]: one block cache and one write-buffer manager shared by many stores, and
 //!   the account of writes held above RocksDB ([`PendingMemory`]).
@@ -51,6 +52,6 @@ pub use pending::{PendingCharge, PendingMemory};
 /// The `rocksdb` crate this one is built on, for benchmarks that compare against it.
 pub use rocksdb;
 pub use shared_db::SharedDb;
-pub use state_dir::{SHARED_DIR, StateDir, StorePath};
+pub use state_dir::{SHARED_DIR, StateDir, StoreCopy, StorePath};
 pub use store::RocksDbStore;
 pub use task_db::TaskDb;

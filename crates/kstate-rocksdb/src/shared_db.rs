@@ -15,7 +15,7 @@
 //!   across every column family, so a crash leaves each task's stores at one point of its
 //!   write order, as with a RocksDB per task.
 //! - **Exclusivity**: RocksDB's `LOCK` keeps other processes out of the whole RocksDB; inside
-//!   the process a task is held by a lease ([`SharedDb::task`]): a second open of a task still
+//!   the process a task is held by a lease ([`StateDir::open_task`](crate::StateDir::open_task)): a second open of a task still
 //!   held (a task moving between two workers, still closing in one) is
 //!   [`OpenError::TaskHeld`], which the caller waits out.
 //! - **Wiping**: a rebuild of one store deletes its task's key range of the column family
@@ -33,12 +33,12 @@ use std::sync::{Arc, Mutex};
 use kstate_core::sync::lock;
 use rocksdb::{IteratorMode, ReadOptions};
 
-use crate::db::{Db, METADATA_CF, OpenMode};
+use crate::db::{Db, METADATA_CF, OpenMode, store_cf};
 use crate::error::OpenError;
 use crate::layout::Layout;
 use crate::options::RocksDbOptions;
 use crate::part::{Lease, Part};
-use crate::task_db::{TaskDb, store_families};
+use crate::task_db::TaskDb;
 
 /// The first byte of every task's metadata key in a shared RocksDB (the layout record's key
 /// starts with `k`, so the two never meet).
@@ -115,7 +115,7 @@ impl SharedDb {
     /// Task `task`'s stores, named in messages as `<path>/<store>` (`path`: where the task's
     /// directory would be, and where the older layouts kept it). Fails with
     /// [`OpenError::TaskHeld`] while another handle of this process holds the task.
-    pub fn task(&self, task: u32, path: impl Into<PathBuf>) -> Result<TaskDb, OpenError> {
+    pub(crate) fn task(&self, task: u32, path: impl Into<PathBuf>) -> Result<TaskDb, OpenError> {
         if !lock(&self.held).insert(task) {
             return Err(OpenError::TaskHeld {
                 path: self.db.path.clone(),
@@ -198,6 +198,33 @@ impl SharedDb {
                 message: format!("column family {METADATA_CF} is missing"),
             })
     }
+}
+
+/// Why `name` cannot name a store (it becomes part of a column family name and a metadata
+/// prefix ending in `/`).
+fn name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("is empty")
+    } else if name.contains(['/', '\0']) {
+        Some("contains '/' or NUL")
+    } else {
+        None
+    }
+}
+
+/// The column families of `stores`, or why one of them cannot name a store of the RocksDB at
+/// `path`.
+fn store_families(path: &Path, stores: &[&str]) -> Result<Vec<String>, OpenError> {
+    stores
+        .iter()
+        .map(|name| match name_problem(name) {
+            Some(problem) => Err(OpenError::Layout {
+                path: path.to_path_buf(),
+                message: format!("store name {name:?} {problem}"),
+            }),
+            None => Ok(store_cf(name)),
+        })
+        .collect()
 }
 
 /// `T‖<task>`: the prefix of task `task`'s metadata keys.

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use crate::db::OpenMode;
 use crate::error::OpenError;
-use crate::migrate;
+use crate::layout::Layout;
+use crate::migrate::{self, TaskDir};
 use crate::options::RocksDbOptions;
 use crate::shared_db::SharedDb;
 use crate::store::RocksDbStore;
@@ -35,6 +36,15 @@ pub struct StorePath {
     pub task: u32,
     /// The store's name.
     pub store: String,
+}
+
+/// One copy of a store, in the layout that holds it ([`StateDir::copies`]).
+#[derive(Debug)]
+pub struct StoreCopy {
+    /// The layout of the RocksDB it is in.
+    pub layout: Layout,
+    /// The store, opened for reading.
+    pub store: RocksDbStore,
 }
 
 /// An application's state directory and its shared RocksDB.
@@ -152,12 +162,17 @@ impl StateDir {
             }
         }
         let mut in_task = None;
-        if task_dir.join("CURRENT").is_file() {
-            let db = TaskDb::open_in(&task_dir, options, OpenMode::Legacy)?;
-            match db.store(&at.store) {
-                Ok(store) if positioned(&store)? => return Ok(store),
-                Ok(store) => in_task = Some(store),
-                Err(e) => missing = Some(e),
+        if let Some(v2) = TaskDir::open(&task_dir, options)? {
+            match v2.store_handle(&at.store) {
+                Some(store) if positioned(&store)? => return Ok(store),
+                Some(store) => in_task = Some(store),
+                None => {
+                    missing = Some(OpenError::NoSuchStore {
+                        path: task_dir.clone(),
+                        store: at.store.clone(),
+                        held: v2.stores(),
+                    })
+                }
             }
         }
         if named.join("CURRENT").is_file() {
@@ -169,10 +184,112 @@ impl StateDir {
         }
     }
 
+    /// Every copy of the store `at` names, in each layout that holds one, in this order: the
+    /// shared RocksDB's (layout 3), the task's RocksDB's (2), the store's own directory (1).
+    /// Moves nothing, creates no RocksDB and no column family, and writes no record into an
+    /// older layout: for tools and tests that look at what older layouts left beside the copy
+    /// [`read_store`](Self::read_store) reads.
+    pub fn copies(at: &StorePath, options: &RocksDbOptions) -> Result<Vec<StoreCopy>, OpenError> {
+        let task_dir = at.root.join(at.task.to_string());
+        let mut copies = Vec::new();
+        let shared_path = at.root.join(SHARED_DIR);
+        if shared_path.join("CURRENT").is_file() {
+            let db = SharedDb::open_existing(&shared_path, options)?;
+            match db.task(at.task, &task_dir)?.store(&at.store) {
+                Ok(store) => copies.push(StoreCopy {
+                    layout: Layout::Shared,
+                    store,
+                }),
+                Err(OpenError::NoSuchStore { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(store) =
+            TaskDir::open(&task_dir, options)?.and_then(|v2| v2.store_handle(&at.store))
+        {
+            copies.push(StoreCopy {
+                layout: Layout::Task,
+                store,
+            });
+        }
+        let named = task_dir.join(&at.store);
+        if named.join("CURRENT").is_file() {
+            copies.push(StoreCopy {
+                layout: Layout::Store,
+                store: RocksDbStore::open_in(&named, options, OpenMode::Legacy)?,
+            });
+        }
+        Ok(copies)
+    }
+
     /// Whether task `task` has state here to resume from: a metadata record in the shared
     /// RocksDB, or anything an older layout left at its directory. An unreadable RocksDB
     /// counts as state: the open reports what is wrong.
     pub fn has_state(&self, task: u32) -> bool {
         self.db.has_state(task).unwrap_or(true) || self.task_dir(task).exists()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failure is a panic
+
+    use super::*;
+
+    fn copy_tree(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_tree(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+
+    /// Every file under `dir` but RocksDB's info logs, with its bytes.
+    fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if !path
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("LOG")
+                {
+                    files.push((path.clone(), std::fs::read(&path).unwrap()));
+                }
+            }
+        }
+        files.sort();
+        files
+    }
+
+    /// A task another handle of the process holds (a task moving between two workers) is
+    /// refused before anything is moved: the older directory is left as it was.
+    #[test]
+    fn a_task_held_elsewhere_in_the_process_is_not_moved_and_its_older_directory_is_untouched() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/layouts/v2_with_v1_inside");
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("app");
+        copy_tree(&fixture, &root);
+        let before = files(&root.join("0"));
+        let declared = ["counts", "events"];
+        let state = StateDir::open(&root, &declared, &RocksDbOptions::default()).unwrap();
+        let held = state.db().task(0, root.join("0")).unwrap();
+        assert!(matches!(
+            state.open_task(0, &declared),
+            Err(OpenError::TaskHeld { task: 0, .. })
+        ));
+        drop(held);
+        assert_eq!(files(&root.join("0")), before);
     }
 }

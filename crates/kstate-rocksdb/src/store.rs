@@ -20,11 +20,12 @@
 //!   point corresponds to, and replays the rest.
 //!
 //! # Layout
-//! A store's data lives in one column family (`default` in a directory of its own,
-//! `store.<name>` in a task's RocksDB: see [`crate::TaskDb`]; in a RocksDB many tasks share,
-//! [`crate::SharedDb`], under its task's key prefix); the `kstate_meta` column family holds
-//! small metadata records (the changelog position) written atomically with data through
-//! [`RocksDbStore::write_with_metadata`], under a per-store prefix in a task's RocksDB.
+//! A store's data lives in one column family: `default` in a directory of its own, or
+//! `store.<name>` of the RocksDB many tasks share ([`crate::SharedDb`]), under its task's key
+//! prefix ([`crate::TaskDb`]). The `kstate_meta` column family holds small metadata records
+//! (the changelog position) written atomically with data through
+//! [`RocksDbStore::write_with_metadata`], under the task's and the store's prefix in a shared
+//! RocksDB.
 //!
 //! # Flushes a shared RocksDB does once
 //! A flush covers every store of the RocksDB, so a store whose every write is already in a
@@ -55,9 +56,8 @@ use crate::options::RocksDbOptions;
 use crate::part::{Lease, Prefixes};
 
 /// A RocksDB-backed [`KeyValueStore`] that never writes a WAL: a directory of its own
-/// ([`RocksDbStore::open`]), one column family of a task's RocksDB
-/// ([`TaskDb::store`](crate::TaskDb::store)), or a task's key range of one column family of a
-/// RocksDB many tasks share ([`SharedDb::task`](crate::SharedDb::task)).
+/// ([`RocksDbStore::open`]), or a task's key range of one column family of the RocksDB many
+/// tasks share ([`TaskDb::store`](crate::TaskDb::store)).
 pub struct RocksDbStore {
     db: Arc<Db>,
     /// The column family of the data.
@@ -94,9 +94,9 @@ impl RocksDbStore {
     /// Opens (creating if needed) the store in directory `path`, which holds this store only.
     ///
     /// Fails with a typed [`OpenError`] naming the path when the directory is already open (by
-    /// this or another process), when the path is a file, when it holds a task's stores
-    /// ([`OpenError::WrongLayout`]: open it with [`TaskDb`](crate::TaskDb)), or when it cannot
-    /// be written.
+    /// this or another process), when the path is a file, when it holds the stores of tasks
+    /// ([`OpenError::WrongLayout`]: open them with [`StateDir`](crate::StateDir)), or when it
+    /// cannot be written.
     pub fn open(path: impl AsRef<Path>, options: &RocksDbOptions) -> Result<Self, OpenError> {
         Self::open_in(path.as_ref(), options, OpenMode::Create)
     }

@@ -49,31 +49,27 @@ kstate_core::ttl_tests!(RocksHarness::new(), cases = 64);
 /// prefix shows up as entries the kit never wrote.
 mod shared {
     use super::*;
-    use kstate_rocksdb::SharedDb;
+    use kstate_rocksdb::StateDir;
 
     struct SharedHarness {
-        dir: tempfile::TempDir,
-        db: SharedDb,
+        _dir: tempfile::TempDir,
+        state: StateDir,
         opened: u32,
     }
 
     impl SharedHarness {
         fn new() -> Self {
             let dir = tempfile::tempdir().unwrap();
-            let db = SharedDb::open(
-                dir.path().join("rocksdb"),
-                &["s"],
-                &RocksDbOptions::default(),
-            )
-            .unwrap();
-            SharedHarness { dir, db, opened: 0 }
+            let state = StateDir::open(dir.path(), &["s"], &RocksDbOptions::default()).unwrap();
+            SharedHarness {
+                _dir: dir,
+                state,
+                opened: 0,
+            }
         }
 
         fn neighbour(&self, task: u32) {
-            let task_db = self
-                .db
-                .task(task, self.dir.path().join(task.to_string()))
-                .unwrap();
+            let task_db = self.state.open_task(task, &["s"]).unwrap();
             let store = task_db.store("s").unwrap();
             for key in [
                 &b""[..],
@@ -99,10 +95,7 @@ mod shared {
             let task = self.opened;
             self.neighbour(task - 1);
             self.neighbour(task + 1);
-            let task_db = self
-                .db
-                .task(task, self.dir.path().join(task.to_string()))
-                .unwrap();
+            let task_db = self.state.open_task(task, &["s"]).unwrap();
             task_db.store("s").unwrap()
         }
 
@@ -116,10 +109,7 @@ mod shared {
                 .and_then(|n| n.to_str())
                 .and_then(|n| n.parse().ok())
                 .unwrap();
-            let task_db = self
-                .db
-                .task(task, self.dir.path().join(task.to_string()))
-                .unwrap();
+            let task_db = self.state.open_task(task, &["s"]).unwrap();
             task_db.store("s").unwrap()
         }
     }

@@ -1,7 +1,7 @@
 //! Every storage layout kstate has written, read from the bytes an older kstate left
-//! (`tests/fixtures/layouts/`, written once by `write_layout_fixtures.rs` and kept; its README
-//! says by which commit): each copy of a store opens as the layout it is and as no other, and
-//! holds exactly the entries and metadata `expected.txt` lists. Modelled on fjall's
+//! (`tests/fixtures/layouts/`, written once and kept; its README says by which commit): each
+//! copy of a store opens as the layout it is and as no other, and holds exactly the entries and
+//! metadata `expected.txt` lists. Modelled on fjall's
 //! `keyspace_v1_load_fixture`, with two differences: a test reads a copy of the fixture (an open
 //! writes RocksDB's MANIFEST and OPTIONS files), and it asserts the contents.
 //!
@@ -16,7 +16,7 @@ mod layouts;
 use std::path::{Path, PathBuf};
 
 use kstate_rocksdb::{
-    Layout, OpenError, RocksDbOptions, RocksDbStore, SharedDb, StateDir, StorePath, TaskDb,
+    Layout, OpenError, RocksDbOptions, RocksDbStore, SharedDb, StateDir, StorePath, migrate,
 };
 
 use layouts::{Copy, FIXTURES, Line, fixtures_dir, lines_of};
@@ -72,35 +72,45 @@ fn task_dirs(root: &Path) -> Vec<(u32, PathBuf)> {
     dirs
 }
 
-/// Everything fixture `root` holds, read with the opener of each layout: the shared RocksDB at
-/// `rocksdb/`, each task's RocksDB at `<p>/`, each store's RocksDB at `<p>/<s>/`.
+/// Everything fixture `root` holds: every copy of every store of every task
+/// ([`StateDir::copies`]), in the shared RocksDB at `rocksdb/`, each task's RocksDB at `<p>/`,
+/// each store's RocksDB at `<p>/<s>/`.
 fn read_all(root: &Path) -> Vec<Line> {
-    let mut lines = Vec::new();
+    let mut tasks = std::collections::BTreeMap::<u32, Vec<String>>::new();
     let shared = root.join("rocksdb");
     if has_rocksdb(&shared) {
         let db = SharedDb::open_existing(&shared, &options()).unwrap();
         for task in db.tasks().unwrap() {
-            let part = db.task(task, root.join(task.to_string())).unwrap();
-            for store in db.stores() {
-                let handle = part.store(&store).unwrap();
-                lines.extend(lines_of(&Copy::Shared { task }, &store, &handle));
-            }
+            tasks.entry(task).or_default().extend(db.stores());
         }
     }
     for (task, dir) in task_dirs(root) {
-        if has_rocksdb(&dir) {
-            let db = TaskDb::open_existing(&dir, &options()).unwrap();
-            for store in db.stores() {
-                let handle = db.store(&store).unwrap();
-                lines.extend(lines_of(&Copy::TaskDir { task }, &store, &handle));
-            }
-        }
+        let stores = tasks.entry(task).or_default();
+        stores.extend(migrate::task_dir_stores(&dir, &options()).unwrap());
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() && has_rocksdb(&path) {
-                let store = path.file_name().unwrap().to_str().unwrap().to_string();
-                let handle = RocksDbStore::open(&path, &options()).unwrap();
-                lines.extend(lines_of(&Copy::StoreDir { task }, &store, &handle));
+                stores.push(path.file_name().unwrap().to_str().unwrap().to_string());
+            }
+        }
+    }
+    let mut lines = Vec::new();
+    for (task, mut stores) in tasks {
+        stores.sort();
+        stores.dedup();
+        for store in stores {
+            let at = StorePath {
+                root: root.to_path_buf(),
+                task,
+                store: store.clone(),
+            };
+            for copy in StateDir::copies(&at, &options()).unwrap() {
+                let copy_of = match copy.layout {
+                    Layout::Store => Copy::StoreDir { task },
+                    Layout::Task => Copy::TaskDir { task },
+                    Layout::Shared => Copy::Shared { task },
+                };
+                lines.extend(lines_of(&copy_of, &store, &copy.store));
             }
         }
     }
@@ -131,33 +141,62 @@ fn wrong_layout(result: Result<impl Sized, OpenError>) -> (Layout, Layout) {
     }
 }
 
-/// Opens `path` with the opener of `layout`; the layout an error says it found, if any.
+/// Opens `path` with the public opener of `layout` (layout 2 has none: it is only read, to be
+/// moved); the layout an error says it found, if any.
 fn open_as(layout: Layout, path: &Path) -> Result<(), OpenError> {
     match layout {
         Layout::Store => RocksDbStore::open(path, &options()).map(drop),
-        Layout::Task => TaskDb::open_existing(path, &options()).map(drop),
         Layout::Shared => SharedDb::open_existing(path, &options()).map(drop),
+        Layout::Task => unreachable!("no public opener of layout 2"),
     }
 }
 
 #[test]
 fn each_old_layout_opens_as_itself_and_as_no_other() {
-    let all = [Layout::Store, Layout::Task, Layout::Shared];
+    let openers = [Layout::Store, Layout::Shared];
     for (name, at, layout) in [
         ("v1_store_dirs", "0/counts", Layout::Store),
         ("v2_task_dir", "0", Layout::Task),
         ("v3_shared", "rocksdb", Layout::Shared),
     ] {
         let (_dir, root, _) = fixture(name);
-        for other in all.into_iter().filter(|l| *l != layout) {
+        for other in openers.into_iter().filter(|l| *l != layout) {
             assert_eq!(
                 wrong_layout(open_as(other, &root.join(at))),
                 (layout, other),
                 "fixture {name} opened as {other}"
             );
         }
-        open_as(layout, &root.join(at)).unwrap();
+        if openers.contains(&layout) {
+            open_as(layout, &root.join(at)).unwrap();
+        }
     }
+}
+
+/// The copies of task `task`'s store `store` in fixture `root`, by layout, with their lines.
+fn copies(root: &Path, task: u32, store: &str) -> Vec<(Layout, Vec<String>)> {
+    let at = StorePath {
+        root: root.to_path_buf(),
+        task,
+        store: store.to_string(),
+    };
+    StateDir::copies(&at, &options())
+        .unwrap()
+        .into_iter()
+        .map(|copy| {
+            let copy_of = match copy.layout {
+                Layout::Store => Copy::StoreDir { task },
+                Layout::Task => Copy::TaskDir { task },
+                Layout::Shared => Copy::Shared { task },
+            };
+            let mut lines: Vec<String> = lines_of(&copy_of, store, &copy.store)
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            lines.sort();
+            (copy.layout, lines)
+        })
+        .collect()
 }
 
 #[test]
@@ -169,16 +208,11 @@ fn a_task_rocksdb_cut_short_before_its_layout_record_opens_as_a_tasks_with_nothi
         wrong_layout(RocksDbStore::open(&task_dir, &options())),
         (Layout::Task, Layout::Store)
     );
-    let db = TaskDb::open_existing(&task_dir, &options()).unwrap();
-    assert_eq!(db.stores(), vec!["counts"]);
-    assert!(
-        lines_of(
-            &Copy::TaskDir { task: 0 },
-            "counts",
-            &db.store("counts").unwrap()
-        )
-        .is_empty()
+    assert_eq!(
+        migrate::task_dir_stores(&task_dir, &options()).unwrap(),
+        vec!["counts"]
     );
+    assert_eq!(copies(&root, 0, "counts"), vec![(Layout::Task, vec![])]);
 }
 
 #[test]
@@ -204,8 +238,10 @@ fn a_move_cut_short_leaves_both_copies_and_the_shared_one_is_the_newer() {
 #[test]
 fn a_store_the_application_no_longer_declares_is_still_in_its_task_rocksdb() {
     let (_dir, root, expected) = fixture("v2_undeclared_store");
-    let db = TaskDb::open_existing(root.join("0"), &options()).unwrap();
-    assert_eq!(db.stores(), vec!["counts", "events", "retired"]);
+    assert_eq!(
+        migrate::task_dir_stores(&root.join("0"), &options()).unwrap(),
+        vec!["counts", "events", "retired"]
+    );
     assert!(expected.iter().any(|l| l.store == "retired" && !l.meta));
     assert!(
         expected.iter().all(|l| l.store != "events"),
@@ -245,29 +281,6 @@ fn open_task(state: &StateDir, task: u32, store: &str) -> Vec<String> {
     let mut lines: Vec<String> = lines.iter().map(ToString::to_string).collect();
     lines.sort();
     lines
-}
-
-/// A hash of every file under `dir` (name, length, bytes), to see that nothing changed.
-fn tree_digest(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if !path
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("LOG")
-            {
-                files.push((path.clone(), std::fs::read(&path).unwrap()));
-            }
-        }
-    }
-    files.sort();
-    files
 }
 
 /// Which copy of task `t`'s store `s` the opener keeps, for the fixtures with older copies:
@@ -331,15 +344,11 @@ fn a_task_directory_holding_an_undeclared_store_is_kept_after_its_declared_store
     );
     assert!(open_task(&state, 0, "events").is_empty());
     drop(state);
-    let kept = TaskDb::open_existing(root.join("0"), &options()).unwrap();
-    assert_eq!(kept.stores(), vec!["counts", "events", "retired"]);
-    let retired = lines_of(
-        &Copy::TaskDir { task: 0 },
-        "retired",
-        &kept.store("retired").unwrap(),
+    assert_eq!(
+        migrate::task_dir_stores(&root.join("0"), &options()).unwrap(),
+        vec!["counts", "events", "retired"]
     );
-    let retired: Vec<String> = retired.iter().map(ToString::to_string).collect();
-    assert_eq!(retired, {
+    let retired = {
         let mut lines: Vec<String> = expected
             .iter()
             .filter(|l| l.store == "retired")
@@ -347,7 +356,8 @@ fn a_task_directory_holding_an_undeclared_store_is_kept_after_its_declared_store
             .collect();
         lines.sort();
         lines
-    });
+    };
+    assert_eq!(copies(&root, 0, "retired"), vec![(Layout::Task, retired)]);
 }
 
 #[test]
@@ -379,20 +389,6 @@ fn a_shared_rocksdb_of_today_opens_each_task_unchanged() {
         }
     }
     assert!(!state.has_state(2));
-}
-
-#[test]
-fn a_task_held_elsewhere_in_the_process_is_not_moved_and_its_older_directory_is_untouched() {
-    let (_dir, root, _) = fixture("v2_with_v1_inside");
-    let before = tree_digest(&root.join("0"));
-    let state = StateDir::open(&root, &DECLARED, &options()).unwrap();
-    let held = state.db().task(0, root.join("0")).unwrap();
-    assert!(matches!(
-        state.open_task(0, &DECLARED),
-        Err(OpenError::TaskHeld { task: 0, .. })
-    ));
-    drop(held);
-    assert_eq!(tree_digest(&root.join("0")), before);
 }
 
 #[test]

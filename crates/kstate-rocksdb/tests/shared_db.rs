@@ -1,5 +1,6 @@
-//! The RocksDB a process's tasks share ([`SharedDb`]): tasks are separate key spaces with
-//! separate metadata, a task is held once, one task's rebuild leaves the others alone, the
+//! The RocksDB a process's tasks share ([`SharedDb`]), its tasks opened as the runtime opens
+//! them ([`StateDir::open_task`]): tasks are separate key spaces with separate metadata, a
+//! task's stores are too, a task is held once, one task's rebuild leaves the others alone, the
 //! layouts are never mistaken for each other, a flush covers every task once, and a SIGKILL in
 //! the middle of many tasks' writes and flushes leaves every task's stores at one consistent
 //! point of the write order.
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use kstate_core::{KeyRange, KeyValueStore, Order};
 use kstate_rocksdb::{
-    Layout, MemoryBudget, OpenError, RocksDbOptions, RocksDbStore, SharedDb, TaskDb,
+    Layout, MemoryBudget, OpenError, RocksDbOptions, RocksDbStore, SharedDb, StateDir, TaskDb,
 };
 
 const STORES: [&str; 3] = ["counts", "totals", "last-seen"];
@@ -24,20 +25,21 @@ fn all(store: &RocksDbStore) -> Vec<(Vec<u8>, Vec<u8>)> {
     store.all().unwrap().collect::<Result<_, _>>().unwrap()
 }
 
-fn open(dir: &std::path::Path) -> SharedDb {
-    SharedDb::open(dir.join("rocksdb"), &STORES, &RocksDbOptions::default()).unwrap()
+fn open(dir: &std::path::Path) -> StateDir {
+    StateDir::open(dir, &STORES, &RocksDbOptions::default()).unwrap()
 }
 
 #[test]
 fn the_tasks_of_a_shared_rocksdb_are_separate_key_spaces_with_separate_metadata() {
     let dir = tempfile::tempdir().unwrap();
-    let db = open(dir.path());
+    let state = open(dir.path());
+    let db = state.db();
     assert_eq!(db.stores(), vec!["counts", "last-seen", "totals"]);
     let (one, two) = (
-        db.task(1, dir.path().join("1")).unwrap(),
-        db.task(2, dir.path().join("2")).unwrap(),
+        state.open_task(1, &STORES).unwrap(),
+        state.open_task(2, &STORES).unwrap(),
     );
-    assert!(one.is_shared());
+    assert_eq!(one.stores(), vec!["counts", "last-seen", "totals"]);
     let (a, b) = (one.store("counts").unwrap(), two.store("counts").unwrap());
     a.write_with_metadata(
         [
@@ -91,30 +93,55 @@ fn the_tasks_of_a_shared_rocksdb_are_separate_key_spaces_with_separate_metadata(
     assert_eq!(all(&b).len(), 2, "task 2 kept its entries");
     assert_eq!(b.metadata(POSITION).unwrap().as_deref(), Some(&b"3"[..]));
     assert_eq!(db.tasks().unwrap(), vec![2]);
+
+    // A task's stores are separate key spaces too, and the position of one is its own.
+    let totals = one.store("totals").unwrap();
+    totals.put(b"k", b"100").unwrap();
+    a.write_with_metadata(
+        [(&b"k"[..], Some(&b"1"[..]))],
+        &[(POSITION, Some(&b"8"[..]))],
+    )
+    .unwrap();
+    assert_eq!(totals.get(b"k").unwrap().as_deref(), Some(&b"100"[..]));
+    assert_eq!(totals.metadata(POSITION).unwrap(), None);
+    totals.clear().unwrap();
+    assert_eq!(all(&a), vec![(b"k".to_vec(), b"1".to_vec())]);
+    assert_eq!(a.metadata(POSITION).unwrap().as_deref(), Some(&b"8"[..]));
+}
+
+#[test]
+fn a_store_not_named_at_open_is_a_typed_error_naming_what_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path(), &["counts"], &RocksDbOptions::default()).unwrap();
+    let task = state.open_task(0, &["counts"]).unwrap();
+    let Err(e) = task.store("totals") else {
+        panic!("totals was not named at open");
+    };
+    assert!(
+        matches!(&e, OpenError::NoSuchStore { store, held, .. } if store == "totals" && held == &["counts"]),
+        "{e}"
+    );
 }
 
 #[test]
 fn a_task_is_held_until_its_last_handle_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
-    let db = open(dir.path());
-    let task = db.task(5, dir.path().join("5")).unwrap();
+    let state = open(dir.path());
+    let task = state.open_task(5, &STORES).unwrap();
     let store = task.store("counts").unwrap();
-    let Err(e) = db.task(5, dir.path().join("5")) else {
+    let Err(e) = state.open_task(5, &STORES) else {
         panic!("task 5 opened twice");
     };
     assert!(matches!(e, OpenError::TaskHeld { task: 5, .. }), "{e}");
     assert!(e.to_string().contains("task 5"), "{e}");
-    assert!(
-        db.task(6, dir.path().join("6")).is_ok(),
-        "another task is free"
-    );
+    assert!(state.open_task(6, &STORES).is_ok(), "another task is free");
     drop(task);
     assert!(
-        db.task(5, dir.path().join("5")).is_err(),
+        state.open_task(5, &STORES).is_err(),
         "a store handle still holds the task"
     );
     drop(store);
-    db.task(5, dir.path().join("5")).unwrap();
+    state.open_task(5, &STORES).unwrap();
 }
 
 #[test]
@@ -122,20 +149,6 @@ fn the_layouts_are_never_mistaken_for_each_other() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path()));
     let shared = dir.path().join("rocksdb");
-    let Err(e) = TaskDb::open(&shared, &["counts"], &RocksDbOptions::default()) else {
-        panic!("a shared RocksDB opened as a task's");
-    };
-    assert!(
-        matches!(
-            e,
-            OpenError::WrongLayout {
-                found: Layout::Shared,
-                wanted: Layout::Task,
-                ..
-            }
-        ),
-        "{e}"
-    );
     let Err(e) = RocksDbStore::open(&shared, &RocksDbOptions::default()) else {
         panic!("a shared RocksDB opened as a single store");
     };
@@ -144,16 +157,63 @@ fn the_layouts_are_never_mistaken_for_each_other() {
             e,
             OpenError::WrongLayout {
                 found: Layout::Shared,
+                wanted: Layout::Store,
                 ..
             }
         ),
         "{e}"
     );
 
+    // A single store, and one that holds only its position (every key deleted).
+    let single = dir.path().join("single");
+    let store = RocksDbStore::open(&single, &RocksDbOptions::default()).unwrap();
+    store.put(b"k", b"v").unwrap();
+    store.close().unwrap();
+    drop(store);
+    let emptied = dir.path().join("emptied");
+    let store = RocksDbStore::open(&emptied, &RocksDbOptions::default()).unwrap();
+    store
+        .write_with_metadata(std::iter::empty(), &[(POSITION, Some(&b"9"[..]))])
+        .unwrap();
+    store.close().unwrap();
+    drop(store);
+    for path in [&single, &emptied] {
+        let Err(e) = SharedDb::open(path, &["counts"], &RocksDbOptions::default()) else {
+            panic!("a single store's directory opened as a shared RocksDB");
+        };
+        assert!(
+            matches!(
+                e,
+                OpenError::WrongLayout {
+                    found: Layout::Store,
+                    wanted: Layout::Shared,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    // A task's RocksDB of the older layout (a fixture an older kstate wrote).
     let task = dir.path().join("task");
-    drop(TaskDb::open(&task, &["counts"], &RocksDbOptions::default()).unwrap());
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/layouts/v2_task_dir/0");
+    copy_dir(&fixture, &task);
     let Err(e) = SharedDb::open(&task, &["counts"], &RocksDbOptions::default()) else {
         panic!("a task's RocksDB opened as a shared one");
+    };
+    assert!(
+        matches!(
+            e,
+            OpenError::WrongLayout {
+                found: Layout::Task,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let Err(e) = RocksDbStore::open(&task, &RocksDbOptions::default()) else {
+        panic!("a task's RocksDB opened as a single store");
     };
     assert!(
         matches!(
@@ -170,6 +230,16 @@ fn the_layouts_are_never_mistaken_for_each_other() {
         panic!("a mistyped path opened");
     };
     assert!(matches!(e, OpenError::NotFound { .. }), "{e}");
+    assert!(!dir.path().join("typo").exists(), "nothing created");
+}
+
+/// A copy of the files of directory `from` (a RocksDB fixture) in `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
 }
 
 /// A flush covers every task: a store whose writes are all in a completed flush returns at
@@ -177,10 +247,10 @@ fn the_layouts_are_never_mistaken_for_each_other() {
 #[test]
 fn a_flush_covers_every_task_once() {
     let dir = tempfile::tempdir().unwrap();
-    let db = open(dir.path());
+    let state = open(dir.path());
     let (one, two) = (
-        db.task(1, dir.path().join("1")).unwrap(),
-        db.task(2, dir.path().join("2")).unwrap(),
+        state.open_task(1, &STORES).unwrap(),
+        state.open_task(2, &STORES).unwrap(),
     );
     let (a, b) = (one.store("counts").unwrap(), two.store("totals").unwrap());
     a.put(b"k", b"1").unwrap();
@@ -225,9 +295,9 @@ fn crash_child_writes_rounds_to_every_task_until_killed() {
     let Ok(dir) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let db = SharedDb::open(&dir, &STORES, &crash_options()).unwrap();
+    let state = StateDir::open(&dir, &STORES, &crash_options()).unwrap();
     let tasks: Vec<TaskDb> = (0..TASKS)
-        .map(|t| db.task(t, format!("{dir}/{t}")).unwrap())
+        .map(|t| state.open_task(t, &STORES).unwrap())
         .collect();
     let stores: Vec<RocksDbStore> = tasks
         .iter()
@@ -257,20 +327,19 @@ fn crash_child_writes_rounds_to_every_task_until_killed() {
 fn a_sigkill_mid_flush_leaves_every_task_at_one_consistent_point() {
     for kill in 0..5u64 {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("rocksdb");
         let mut child = common::spawn_until_ready(
             "crash_child_writes_rounds_to_every_task_until_killed",
             CHILD_ENV,
-            &path,
+            dir.path(),
         );
         std::thread::sleep(Duration::from_millis(13 * kill));
         child.kill().unwrap(); // SIGKILL: no destructor, no RocksDB shutdown flush
         assert!(!child.wait().unwrap().success());
 
-        let db = SharedDb::open(&path, &STORES, &crash_options()).unwrap();
+        let state = StateDir::open(dir.path(), &STORES, &crash_options()).unwrap();
         let mut positions = Vec::new();
         for task in 0..TASKS {
-            let task_db = db.task(task, dir.path().join(task.to_string())).unwrap();
+            let task_db = state.open_task(task, &STORES).unwrap();
             for name in STORES {
                 let store = task_db.store(name).unwrap();
                 let position = store

@@ -493,14 +493,10 @@ mod tests {
             panic!("the directory is held, a second open must fail");
         };
         assert!(held(&again));
-        let shared = kstate_rocksdb::SharedDb::open(
-            dir.path().join("shared"),
-            &["s"],
-            &RocksDbOptions::default(),
-        )
-        .expect("opens");
-        let _task = shared.task(7, dir.path().join("7")).expect("free");
-        let Err(again) = shared.task(7, dir.path().join("7")) else {
+        let state = StateDir::open(dir.path().join("app"), &["s"], &RocksDbOptions::default())
+            .expect("opens");
+        let _task = state.open_task(7, &["s"]).expect("free");
+        let Err(again) = state.open_task(7, &["s"]) else {
             panic!("the task is held, a second open must fail");
         };
         assert!(held(&again));

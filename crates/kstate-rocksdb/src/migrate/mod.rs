@@ -36,7 +36,18 @@ use crate::wipe;
 
 use copy::{Reader, copy};
 use v1_store_dir::StoreDir;
-use v2_task_dir::TaskDir;
+pub(crate) use v2_task_dir::TaskDir;
+
+/// The stores a task's RocksDB of layout 2 at `task_dir` holds, in name order (none when there
+/// is no RocksDB there), read without writing anything into it: for messages that name them.
+pub fn task_dir_stores(
+    task_dir: &Path,
+    options: &RocksDbOptions,
+) -> Result<Vec<String>, OpenError> {
+    Ok(TaskDir::open(task_dir, options)?
+        .map(|dir| dir.stores())
+        .unwrap_or_default())
+}
 
 /// Moves what the older layouts left at `task_dir` (a task's directory) for `stores` into
 /// `target`, the task's part of the shared RocksDB, then deletes the older copies.
@@ -88,7 +99,7 @@ fn move_store(
         return Ok(());
     }
     let in_v2 = match v2 {
-        Some(v2) => v2.store(name)?,
+        Some(v2) => v2.store(name),
         None => None,
     };
     let v2_positioned = match &in_v2 {

@@ -2,42 +2,65 @@
 //! store's metadata under `store.<name>/`, layout record 2 (or, when its creation was cut short,
 //! store column families and no record). Read once, to be moved.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::db::OpenMode;
+use crate::db::{Db, OpenMode, store_cf};
 use crate::error::OpenError;
+use crate::layout::Layout;
 use crate::migrate::copy::Reader;
 use crate::options::RocksDbOptions;
-use crate::task_db::TaskDb;
+use crate::part::Prefixes;
+use crate::store::RocksDbStore;
 
 /// A task directory of layout 2.
-pub(crate) struct TaskDir(TaskDb);
+pub(crate) struct TaskDir {
+    db: Arc<Db>,
+    path: PathBuf,
+}
 
 impl TaskDir {
-    /// The task's RocksDB at `path`, if there is one (its `CURRENT` file).
+    /// The task's RocksDB at `path`, if there is one (its `CURRENT` file), opened without
+    /// writing a layout record into it.
     pub(crate) fn open(path: &Path, options: &RocksDbOptions) -> Result<Option<Self>, OpenError> {
         if !path.join("CURRENT").is_file() {
             return Ok(None);
         }
-        Ok(Some(TaskDir(TaskDb::open_in(
-            path,
-            options,
-            OpenMode::Legacy,
-        )?)))
+        let db = Db::open(path, options, Layout::Task, &[], OpenMode::Legacy)?;
+        Ok(Some(TaskDir {
+            db: Arc::new(db),
+            path: path.to_path_buf(),
+        }))
     }
 
-    /// Store `name`, if the task's RocksDB has a column family for it.
-    pub(crate) fn store(&self, name: &str) -> Result<Option<Reader>, OpenError> {
-        if !self.0.stores().iter().any(|s| s == name) {
-            return Ok(None);
+    /// The stores it holds, by name, in name order.
+    pub(crate) fn stores(&self) -> Vec<String> {
+        self.db.store_names()
+    }
+
+    /// A handle on store `name`, if the task's RocksDB has a column family for it (named in
+    /// messages as `<task directory>/<name>`).
+    pub(crate) fn store_handle(&self, name: &str) -> Option<RocksDbStore> {
+        let cf = store_cf(name);
+        if !self.db.families.contains(&cf) {
+            return None;
         }
-        Ok(Some(Reader::new(self.0.store(name)?)))
+        let prefixes = Prefixes {
+            metadata: format!("{cf}/").into_bytes(),
+            ..Prefixes::default()
+        };
+        let display = self.path.join(name).display().to_string();
+        Some(RocksDbStore::on(self.db.clone(), cf, prefixes, display))
+    }
+
+    /// Store `name`, for reading, if the task's RocksDB has a column family for it.
+    pub(crate) fn store(&self, name: &str) -> Option<Reader> {
+        self.store_handle(name).map(Reader::new)
     }
 
     /// The stores it holds besides `declared`.
     pub(crate) fn stores_besides(&self, declared: &[&str]) -> Vec<String> {
-        self.0
-            .stores()
+        self.stores()
             .into_iter()
             .filter(|s| !declared.contains(&s.as_str()))
             .collect()
@@ -84,17 +107,19 @@ mod tests {
         let read = TaskDir::open(dir.path(), &RocksDbOptions::default())
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("no task directory"));
-        assert!(
-            read.store("counts")
-                .unwrap_or_else(|e| panic!("{e}"))
-                .is_some()
-        );
+        assert!(read.store("counts").is_some());
         drop(read);
         assert_eq!(layout_record(dir.path()), None);
-        // Today's opener of an existing task RocksDB writes it: the reader is what differs.
+        // An open of an existing RocksDB of the same layout writes it: the mode is what differs.
         drop(
-            TaskDb::open_existing(dir.path(), &RocksDbOptions::default())
-                .unwrap_or_else(|e| panic!("{e}")),
+            Db::open(
+                dir.path(),
+                &RocksDbOptions::default(),
+                Layout::Task,
+                &[],
+                OpenMode::Existing,
+            )
+            .unwrap_or_else(|e| panic!("{e}")),
         );
         assert!(layout_record(dir.path()).is_some());
     }

@@ -1,10 +1,8 @@
-//! What the layout fixtures hold (`tests/fixtures/layouts/`), shared by their writer
-//! (`write_layout_fixtures.rs`) and their reader (`layout_fixtures.rs`): each fixture is a
-//! state directory of one application (`<state-dir>/<app-id>`) as some kstate layout left it,
-//! and `expected.txt` lists every entry and metadata record of every store in it, one line
-//! each, as [`Line`] prints it.
-
-#![allow(dead_code)] // the writer and the reader each use a part of it
+//! What the layout fixtures hold (`tests/fixtures/layouts/`), as their reader
+//! (`layout_fixtures.rs`) sees it: each fixture is a state directory of one application
+//! (`<state-dir>/<app-id>`) as some kstate layout left it, and `expected.txt` lists every entry
+//! and metadata record of every store in it, one line each, as [`Line`] prints it. (Their
+//! writer, deleted since, shared this file: see the fixtures' README.)
 
 use std::fmt;
 use std::path::{Path, PathBuf};
