@@ -5,7 +5,7 @@
 //! at `/metrics`, and `/health` answers an orchestrator's readiness probe from
 //! `Running::readiness`: `200` once every task runs, `503` while the group has not assigned
 //! this process yet or any task is still restoring (its inputs paused), with the reason as the
-//! body. The application is a count per key (`kstate_bench::topology::count_by_key`).
+//! body. The application counts records per key and sends every count to `--output`.
 //!
 //! ```text
 //! KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --release --example prometheus -- \
@@ -17,6 +17,7 @@
 //! 127.0.0.1:0` picks a free port), and stops on SIGTERM or Ctrl-C.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -25,16 +26,26 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use clap::Parser;
-use kstate::kstate_task::Running;
-use kstate_bench::cli::AppArgs;
-use kstate_bench::topology::count_by_key;
+use kstate::{App, BoxError, Context, Processor, Record, Running, StoreHandle, StoreOptions};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// A count per key with its metrics at /metrics and its readiness at /health.
 #[derive(Parser)]
 struct Args {
-    #[command(flatten)]
-    app: AppArgs,
+    /// The application id: the consumer group, and the prefix of the changelog topics.
+    #[arg(long)]
+    application_id: String,
+    /// The brokers.
+    #[arg(
+        long,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "127.0.0.1:9092"
+    )]
+    bootstrap_servers: String,
+    /// Where the tasks' stores live (default: the runtime's, under the system's temporary
+    /// directory).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
     /// The input topic.
     #[arg(long)]
     input: String,
@@ -44,6 +55,23 @@ struct Args {
     /// The address to serve /metrics and /health on.
     #[arg(long, default_value = "127.0.0.1:9464")]
     listen: SocketAddr,
+}
+
+/// Counts records per key, and sends each new count to the output topic.
+struct CountByKey {
+    counts: StoreHandle<Vec<u8>, u64>,
+    output: String,
+}
+
+impl Processor for CountByKey {
+    fn process(&mut self, ctx: &mut Context<'_>, record: &Record<'_>) -> Result<(), BoxError> {
+        let key = record.key.unwrap_or_default().to_vec();
+        let counts = ctx.store(&self.counts);
+        let count = counts.get(&key)?.unwrap_or(0) + 1;
+        counts.put(&key, &count)?;
+        ctx.send(&self.output, &key, Some(count.to_string().as_bytes()))?;
+        Ok(())
+    }
 }
 
 /// What the HTTP handlers read.
@@ -69,13 +97,28 @@ async fn readiness_probe(State(served): State<Served>) -> (StatusCode, String) {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    // The runtime's story (restores, assignments, commits) and its warnings, to stderr.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
     // Installed before the application starts, so that no series is missed.
     let metrics = PrometheusBuilder::new().install_recorder()?;
 
-    let mut builder = args.app.builder()?;
+    let mut builder = App::builder(args.application_id, args.bootstrap_servers);
     builder.input(args.input);
-    // The task: kstate_bench::topology::count_by_key, every count sent to --output.
-    let (app, _counts) = count_by_key::build(&mut builder, &args.output, false)?;
+    if let Some(dir) = args.state_dir {
+        builder.state_dir(dir);
+    }
+    let counts = builder.store::<Vec<u8>, u64>("counts", StoreOptions::default());
+    let output = args.output;
+    let app = builder.build(move |_task| {
+        Box::new(CountByKey {
+            counts: counts.clone(),
+            output: output.clone(),
+        })
+    })?;
     let running = Arc::new(app.start()?);
 
     let router = Router::new()

@@ -10,7 +10,8 @@
 //! `--client-properties FILE` reads librdkafka client properties (`key=value` lines) for a TLS
 //! and SASL cluster; `--bootstrap-servers` replaces the file's brokers, and
 //! `$KAFKA_BOOTSTRAP_SERVERS` is used when neither names them
-//! (`kstate_bench::cluster`).
+//! (`ClientProperties::from_sources`: a shell's local broker never receives a file's
+//! credentials).
 //!
 //! The directory starts empty, so the restore takes the bulk path: `--chunk` sets its records per
 //! SST file (`ChangelogConfig::bulk_chunk_records`); `--batch` sets the records per write batch of
@@ -19,16 +20,17 @@
 //! Prints each batch's last offset every 100,000 records (the restore listener) and the totals.
 //! `rows_per_second --restore-topic NAME` makes such a topic. `--help` lists the flags.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use clap::Parser;
+use kstate::ClientProperties;
 use kstate::kstate_core::KeyValueStore;
 use kstate::kstate_kafka::{
     BatchRestored, ChangelogConfig, LoggedStore, OpenHooks, RestoreListener, RestoreStart,
 };
 use kstate::kstate_rocksdb::RocksDbOptions;
-use kstate_bench::cli::ClusterArgs;
 
 /// restore: replays a changelog topic into an empty directory and reports how fast.
 #[derive(Debug, Parser)]
@@ -47,8 +49,14 @@ struct Args {
     /// library's).
     #[arg(long, value_name = "N")]
     chunk: Option<usize>,
-    #[command(flatten)]
-    cluster: ClusterArgs,
+    /// librdkafka client properties, one `key=value` a line (`bootstrap.servers`,
+    /// `security.protocol`, `sasl.*`, `ssl.*`): a TLS and SASL cluster.
+    #[arg(long, value_name = "FILE")]
+    client_properties: Option<PathBuf>,
+    /// The brokers; replaces the properties file's `bootstrap.servers`. When neither names any,
+    /// $KAFKA_BOOTSTRAP_SERVERS does.
+    #[arg(long, value_name = "HOST:PORT")]
+    bootstrap_servers: Option<String>,
 }
 
 /// Prints progress every 100,000 records.
@@ -91,9 +99,19 @@ fn main() -> Result<()> {
         partition,
         batch,
         chunk,
-        cluster,
+        client_properties,
+        bootstrap_servers,
     } = Args::parse();
-    let cluster = cluster.required()?;
+    let environment = std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok();
+    let cluster = ClientProperties::from_sources(
+        client_properties.as_deref(),
+        bootstrap_servers.as_deref(),
+        environment.as_deref(),
+    )?;
+    ensure!(
+        !cluster.bootstrap_servers().trim().is_empty(),
+        "no brokers: give --bootstrap-servers, --client-properties or $KAFKA_BOOTSTRAP_SERVERS"
+    );
     let mut config = ChangelogConfig::new(cluster, &topic, partition);
     if let Some(batch) = batch {
         config = config.restore_batch_records(batch);

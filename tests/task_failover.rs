@@ -1,6 +1,6 @@
-//! The task runtime across processes, under SIGKILL: copies of `examples/count_by_key` share a
-//! 12-partition input while a producer writes keyed records; copies are killed and restarted at
-//! random, one is added and one stopped gracefully mid-run. At the end:
+//! The task runtime across processes, under SIGKILL: copies of kstate-bench's `count_by_key`
+//! service share a 12-partition input while a producer writes keyed records; copies are killed
+//! and restarted at random, one is added and one stopped gracefully mid-run. At the end:
 //! - no input record's effect is missing: every key's final count ≥ its true count (kills make
 //!   at-least-once replay some records twice; the in-process tests check equality without kills);
 //! - every partition was processed;
@@ -230,7 +230,7 @@ async fn chaos(
 
     let servers = kstate_test_broker::bootstrap_servers()?;
     let run = Run {
-        binary: common::example_binary("count_by_key")?,
+        binary: common::service_binary("count_by_key")?,
         servers: servers.clone(),
         app_id: unique_topic(name),
         input: unique_topic(&format!("{name}-in")),
@@ -500,7 +500,7 @@ fn has_open_transaction(servers: &str, topic: &str) -> anyhow::Result<bool> {
 async fn a_paused_copy_that_lost_its_partitions_makes_nothing_visible() -> anyhow::Result<()> {
     let servers = kstate_test_broker::bootstrap_servers()?;
     let run = Run {
-        binary: common::example_binary("count_by_key")?,
+        binary: common::service_binary("count_by_key")?,
         servers: servers.clone(),
         app_id: unique_topic("zombie"),
         input: unique_topic("zombie-in"),

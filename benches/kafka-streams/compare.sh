@@ -134,8 +134,8 @@
 #   KSTATE_E2E               kstate's e2e benchmark binary (kstate-bench; default
 #                            $HOME/.cache/kstate-target/release/e2e: in the release directory
 #                            above rows_per_second's examples/)
-#   KSTATE_COUNT_BY_KEY      kstate's count_by_key example binary, for the failover and the
-#                            recovery (default next to rows_per_second)
+#   KSTATE_COUNT_BY_KEY      kstate-bench's count_by_key binary, for the failover and the
+#                            recovery (default next to e2e)
 #   KEEP_TOPICS=1            keep the topics (and consumer groups) instead of deleting them
 #   LOG_DIR                  where the raw outputs go (default: a new temp dir, kept)
 set -euo pipefail
@@ -147,8 +147,8 @@ ROWS=${1:-${ROWS:-1000000}}
 ROWS=${ROWS//_/}
 KSTATE_BIN=${KSTATE_ROWS_PER_SECOND:-$HOME/.cache/kstate-target/release/examples/rows_per_second}
 E2E_BIN=${KSTATE_E2E:-$(dirname "$(dirname "$KSTATE_BIN")")/e2e}
-# failover.sh's kstate copies: the count_by_key example, beside rows_per_second.
-COUNT_BIN=${KSTATE_COUNT_BY_KEY:-$(dirname "$KSTATE_BIN")/count_by_key}
+# failover.sh's kstate copies: kstate-bench's count_by_key, beside e2e.
+COUNT_BIN=${KSTATE_COUNT_BY_KEY:-$(dirname "$E2E_BIN")/count_by_key}
 E2E_ROWS=${E2E_ROWS:-$ROWS}
 E2E_PARTITIONS=${E2E_PARTITIONS:-4}
 ONLY=${ONLY:-all}

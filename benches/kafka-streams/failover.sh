@@ -3,8 +3,8 @@
 # Kafka Streams on one broker. Two modes (FAILOVER_MODE):
 #
 # takeover (the default), at-least-once. For each system in turn:
-#   1. two copies of the count-by-key application (kstate: the count_by_key example; Kafka Streams:
-#      this folder's jar in `serve` mode, caching off) in one group, each with its own state dir,
+#   1. two copies of the count-by-key application (kstate: kstate-bench's count_by_key; Kafka
+#      Streams: this folder's jar in `serve` mode, caching off) in one group, each with its own state dir,
 #      process an input of FAILOVER_ROWS unique keys of FAILOVER_KEY_BYTES bytes over
 #      FAILOVER_PARTITIONS partitions: about FAILOVER_ROWS * FAILOVER_KEY_BYTES / 2 bytes of state
 #      per copy (4,000,000 x 512 B: about 1 GB), no standby replicas;
@@ -69,8 +69,8 @@
 # FAILOVER_SYSTEMS (default "kafka-streams kstate"; one of them prints no comparison),
 # KS_JAVA_OPTS, KSTATE_BIN_DIR (the cargo release directory, default
 # $HOME/.cache/kstate-target/release), KSTATE_E2E (kstate-bench's e2e binary, default
-# KSTATE_BIN_DIR/e2e), KSTATE_COUNT_BY_KEY (the count_by_key example, default
-# KSTATE_BIN_DIR/examples/count_by_key),
+# KSTATE_BIN_DIR/e2e), KSTATE_COUNT_BY_KEY (kstate-bench's count_by_key service, default
+# KSTATE_BIN_DIR/count_by_key),
 # KEEP_TOPICS=1, LOG_DIR (default a new temp dir, kept; the state dirs under it are removed).
 # Needs bash 5.1+ (`wait -n -p`) in restart mode.
 set -euo pipefail
@@ -80,7 +80,7 @@ SCRIPT_NAME=failover.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BIN_DIR=${KSTATE_BIN_DIR:-$HOME/.cache/kstate-target/release}
 E2E_BIN=${KSTATE_E2E:-$BIN_DIR/e2e}
-COUNT_BIN=${KSTATE_COUNT_BY_KEY:-$BIN_DIR/examples/count_by_key}
+COUNT_BIN=${KSTATE_COUNT_BY_KEY:-$BIN_DIR/count_by_key}
 ROWS=${FAILOVER_ROWS:-4000000}
 ROWS=${ROWS//_/}
 KEY_BYTES=${FAILOVER_KEY_BYTES:-512}

@@ -311,6 +311,26 @@ pub fn captured_logs(level: tracing::Level) -> &'static Mutex<Vec<u8>> {
     })
 }
 
+/// A service binary of kstate-bench (`count_by_key`, `windowed_count`), built by
+/// `cargo test --release --workspace` (kstate-bench's own test needs them) in the release
+/// directory above the test binaries.
+pub fn service_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context as _;
+    let exe = std::env::current_exe()?;
+    let release = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .context("test binary has no target directory")?;
+    let binary = release.join(name);
+    anyhow::ensure!(
+        binary.exists(),
+        "{} is missing: build it with `cargo test --release --workspace` (which builds \
+         kstate-bench's binaries) or `cargo build --release --workspace --bin {name}`",
+        binary.display()
+    );
+    Ok(binary)
+}
+
 /// An example's binary, built by `cargo test --release` (which builds the examples) next to
 /// the test binaries.
 pub fn example_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {

@@ -1,6 +1,6 @@
-//! The cluster a command line names. Every program (the examples `count_by_key`,
-//! `windowed_count`, `rows_per_second`, `restore`; the binaries `e2e`, `window_compat`,
-//! `window_ops`, `tasks_per_process`) finds its brokers by kstate-kafka's one rule
+//! The cluster a command line names. Every program of this crate (the services `count_by_key`
+//! and `windowed_count`; the binaries `e2e`, `window_compat`, `window_ops`, `tasks_per_process`;
+//! the harness of the `rows_per_second` example) finds its brokers by kstate-kafka's one rule
 //! ([`ClientProperties::from_sources`]): a `--client-properties` file's `bootstrap.servers`,
 //! replaced by `--bootstrap-servers`, and [`BOOTSTRAP_ENV`] only when neither names the brokers,
 //! so that a shell's local broker address never receives a secured cluster's credentials. Here

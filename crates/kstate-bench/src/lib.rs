@@ -10,6 +10,9 @@
 //!   (`window-compat.sh`, run by `scripts/test`).
 //! - `window_ops`: what a window store costs: fetches, segment drops, restores.
 //! - `tasks_per_process`: what many tasks cost one process (`tasks.sh`).
+//! - `count_by_key`, `windowed_count`: the benchmarks' tasks ([`topology`]) as services, which the
+//!   runtime's tests (`tests/task_failover.rs`, `tests/services.rs`) and `failover.sh` run as
+//!   processes of their own.
 //!
 //! They and `examples/rows_per_second.rs` (store configurations, rows/s: its harness is
 //! [`rows_per_second`]) measure different things but report them the same way: SAMZA-543

@@ -1,11 +1,14 @@
-//! count_by_key: the canonical stream task. Reads records (key bytes, any value) from `--input`,
-//! keeps the count per key in a store named `counts`, and for every input record sends
-//! `(key, count as decimal ASCII)` to `--output`, same partition. Several `--input`s
+//! count_by_key: the canonical stream task as a service, which the runtime's tests
+//! (`tests/task_failover.rs`) and the benchmarks against Kafka Streams
+//! (`benches/kafka-streams/failover.sh`) run as separate processes. Reads records (key bytes,
+//! any value) from `--input`, keeps the count per key in a store named `counts`, and for every
+//! input record sends `(key, count as decimal ASCII)` to `--output`, same partition. Several `--input`s
 //! (co-partitioned topics) give one count over all, the merge a join starts from: task *p* runs
 //! where partition *p* of every input is.
 //!
 //! ```text
-//! cargo run --release --example count_by_key -- --application-id counter \
+//! cargo build --release --workspace --bin count_by_key
+//! $CARGO_TARGET_DIR/release/count_by_key --application-id counter \
 //!     --input events --output counts [--bootstrap-servers HOST:PORT]
 //! ```
 //!
@@ -25,9 +28,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
-use kstate::kstate_kafka::{RestoreListener, RestoreReport, RestoreStart};
 use kstate_bench::cli::{AppArgs, key_value};
 use kstate_bench::topology::count_by_key;
+use kstate_kafka::{RestoreListener, RestoreReport, RestoreStart};
 
 /// count_by_key: counts records per key from --input and sends every count to --output.
 /// Several copies with the same --application-id share the input's partitions; each runs until

@@ -1,4 +1,5 @@
-//! windowed_count: counts per key in time windows, final results only. Reads records (key bytes,
+//! windowed_count: counts per key in time windows, final results only, as a service
+//! (`tests/services.rs` runs it as its own process). Reads records (key bytes,
 //! any value, the record timestamp as event time) from `--input`, counts them per key in
 //! tumbling 1-minute windows (`--window-secs`; `--hop-secs N` makes them hopping), accepts late
 //! records for 10 s after a window ends (`--grace-secs`), and sends each window's final count
@@ -6,7 +7,8 @@
 //! the count (Kafka Streams' `windowedBy(...).count().suppress(untilWindowCloses(...))`).
 //!
 //! ```text
-//! cargo run --release --example windowed_count -- --application-id windows \
+//! cargo build --release --workspace --bin windowed_count
+//! $CARGO_TARGET_DIR/release/windowed_count --application-id windows \
 //!     --input events --output window-counts [--bootstrap-servers HOST:PORT] \
 //!     [--window-secs 60] [--hop-secs N] [--grace-secs 10]  # --help lists the rest
 //! ```
@@ -25,9 +27,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
-use kstate::kstate_core::WindowOptions;
 use kstate_bench::cli::AppArgs;
 use kstate_bench::topology::windowed_count;
+use kstate_core::WindowOptions;
 
 /// windowed_count: counts records per key in time windows and sends each window's final count
 /// once, when stream time passes its end plus the grace. Runs until SIGTERM or SIGINT.
