@@ -311,17 +311,22 @@ pub fn captured_logs(level: tracing::Level) -> &'static Mutex<Vec<u8>> {
     })
 }
 
-/// A service binary of kstate-bench (`count_by_key`, `windowed_count`), built by
-/// `cargo test --release --workspace` (kstate-bench's own test needs them) in the release
-/// directory above the test binaries.
-pub fn service_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
+/// The release directory the test binaries are in (`$CARGO_TARGET_DIR/release`).
+fn release_dir() -> anyhow::Result<std::path::PathBuf> {
     use anyhow::Context as _;
     let exe = std::env::current_exe()?;
     let release = exe
         .parent()
         .and_then(std::path::Path::parent)
         .context("test binary has no target directory")?;
-    let binary = release.join(name);
+    Ok(release.to_path_buf())
+}
+
+/// A service binary of kstate-bench (`count_by_key`, `windowed_count`), built by
+/// `cargo test --release --workspace` (kstate-bench's own test needs them) in the release
+/// directory.
+pub fn service_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
+    let binary = release_dir()?.join(name);
     anyhow::ensure!(
         binary.exists(),
         "{} is missing: build it with `cargo test --release --workspace` (which builds \
@@ -331,16 +336,10 @@ pub fn service_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
     Ok(binary)
 }
 
-/// An example's binary, built by `cargo test --release` (which builds the examples) next to
-/// the test binaries.
+/// An example's binary, built by `cargo test --release` (which builds the examples) in the
+/// release directory's `examples/`.
 pub fn example_binary(name: &str) -> anyhow::Result<std::path::PathBuf> {
-    use anyhow::Context as _;
-    let exe = std::env::current_exe()?;
-    let release = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .context("test binary has no target directory")?;
-    let binary = release.join("examples").join(name);
+    let binary = release_dir()?.join("examples").join(name);
     anyhow::ensure!(
         binary.exists(),
         "{} is missing: build it with `cargo test --release` (which builds the examples) or \
