@@ -42,6 +42,8 @@ mod shared_db;
 mod state_dir;
 mod store;
 mod task_db;
+#[cfg(test)]
+mod test_fixtures;
 pub mod wipe;
 
 pub use db::{METADATA_CF, wal_free_write_options};

@@ -140,48 +140,38 @@ impl StateDir {
     pub fn read_store(at: &StorePath, options: &RocksDbOptions) -> Result<RocksDbStore, OpenError> {
         let task_dir = at.root.join(at.task.to_string());
         let named = task_dir.join(&at.store);
-        let positioned = |store: &RocksDbStore| {
-            store
+        // `copies` lists the shared RocksDB's, layout 2's, then layout 1's: the first with
+        // metadata, or layout 1's, is the one kept; else the older copy without metadata.
+        let mut unpositioned = Vec::new();
+        for copy in Self::copies(at, options)? {
+            let positioned = copy
+                .store
                 .metadata_entries()
-                .map(|m| !m.is_empty())
                 .map_err(|source| OpenError::Read {
                     path: named.clone(),
                     source,
-                })
+                })?;
+            if copy.layout == Layout::Store || !positioned.is_empty() {
+                return Ok(copy.store);
+            }
+            unpositioned.push(copy.store);
+        }
+        if let Some(store) = unpositioned.pop() {
+            return Ok(store);
+        }
+        // No copy anywhere: name what the task's RocksDB holds, or else the shared one.
+        let held = match TaskDir::open(&task_dir, options)? {
+            Some(v2) => v2.stores(),
+            None if at.root.join(SHARED_DIR).join("CURRENT").is_file() => {
+                SharedDb::open_existing(at.root.join(SHARED_DIR), options)?.stores()
+            }
+            None => return Err(OpenError::NotFound { path: named }),
         };
-        let mut missing = None;
-        let shared_path = at.root.join(SHARED_DIR);
-        let mut in_shared = None;
-        if shared_path.join("CURRENT").is_file() {
-            let db = SharedDb::open_existing(&shared_path, options)?;
-            let part = db.task(at.task, &task_dir)?;
-            match part.store(&at.store) {
-                Ok(store) if positioned(&store)? => return Ok(store),
-                Ok(store) => in_shared = Some(store),
-                Err(e) => missing = Some(e),
-            }
-        }
-        let mut in_task = None;
-        if let Some(v2) = TaskDir::open(&task_dir, options)? {
-            match v2.store_handle(&at.store) {
-                Some(store) if positioned(&store)? => return Ok(store),
-                Some(store) => in_task = Some(store),
-                None => {
-                    missing = Some(OpenError::NoSuchStore {
-                        path: task_dir.clone(),
-                        store: at.store.clone(),
-                        held: v2.stores(),
-                    })
-                }
-            }
-        }
-        if named.join("CURRENT").is_file() {
-            return RocksDbStore::open_in(&named, options, OpenMode::Legacy);
-        }
-        match in_task.or(in_shared) {
-            Some(store) => Ok(store),
-            None => Err(missing.unwrap_or(OpenError::NotFound { path: named })),
-        }
+        Err(OpenError::NoSuchStore {
+            path: task_dir,
+            store: at.store.clone(),
+            held,
+        })
     }
 
     /// Every copy of the store `at` names, in each layout that holds one, in this order: the
@@ -236,19 +226,6 @@ mod tests {
 
     use super::*;
 
-    fn copy_tree(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy_tree(&entry.path(), &target);
-            } else {
-                std::fs::copy(entry.path(), &target).unwrap();
-            }
-        }
-    }
-
     /// Every file under `dir` but RocksDB's info logs, with its bytes.
     fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         let mut files = Vec::new();
@@ -276,11 +253,7 @@ mod tests {
     /// refused before anything is moved: the older directory is left as it was.
     #[test]
     fn a_task_held_elsewhere_in_the_process_is_not_moved_and_its_older_directory_is_untouched() {
-        let fixture =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/layouts/v2_with_v1_inside");
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("app");
-        copy_tree(&fixture, &root);
+        let (_dir, root) = crate::test_fixtures::copy("v2_with_v1_inside");
         let before = files(&root.join("0"));
         let declared = ["counts", "events"];
         let state = StateDir::open(&root, &declared, &RocksDbOptions::default()).unwrap();

@@ -72,6 +72,15 @@ fn task_dirs(root: &Path) -> Vec<(u32, PathBuf)> {
     dirs
 }
 
+/// How the fixtures' lines name task `task`'s copy in `layout`.
+fn copy_of(layout: Layout, task: u32) -> Copy {
+    match layout {
+        Layout::Store => Copy::StoreDir { task },
+        Layout::Task => Copy::TaskDir { task },
+        Layout::Shared => Copy::Shared { task },
+    }
+}
+
 /// Everything fixture `root` holds: every copy of every store of every task
 /// ([`StateDir::copies`]), in the shared RocksDB at `rocksdb/`, each task's RocksDB at `<p>/`,
 /// each store's RocksDB at `<p>/<s>/`.
@@ -105,12 +114,7 @@ fn read_all(root: &Path) -> Vec<Line> {
                 store: store.clone(),
             };
             for copy in StateDir::copies(&at, &options()).unwrap() {
-                let copy_of = match copy.layout {
-                    Layout::Store => Copy::StoreDir { task },
-                    Layout::Task => Copy::TaskDir { task },
-                    Layout::Shared => Copy::Shared { task },
-                };
-                lines.extend(lines_of(&copy_of, &store, &copy.store));
+                lines.extend(lines_of(&copy_of(copy.layout, task), &store, &copy.store));
             }
         }
     }
@@ -184,12 +188,7 @@ fn copies(root: &Path, task: u32, store: &str) -> Vec<(Layout, Vec<String>)> {
         .unwrap()
         .into_iter()
         .map(|copy| {
-            let copy_of = match copy.layout {
-                Layout::Store => Copy::StoreDir { task },
-                Layout::Task => Copy::TaskDir { task },
-                Layout::Shared => Copy::Shared { task },
-            };
-            let mut lines: Vec<String> = lines_of(&copy_of, store, &copy.store)
+            let mut lines: Vec<String> = lines_of(&copy_of(copy.layout, task), store, &copy.store)
                 .iter()
                 .map(ToString::to_string)
                 .collect();

@@ -73,20 +73,6 @@ mod tests {
     use crate::db::METADATA_CF;
     use crate::layout::LAYOUT_KEY;
 
-    /// The cut-short fixture: a task's RocksDB with column families and no layout record.
-    fn cut_short() -> tempfile::TempDir {
-        let from =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/layouts/v2_cut_short/0");
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        for entry in std::fs::read_dir(&from).unwrap_or_else(|e| panic!("{}: {e}", from.display()))
-        {
-            let entry = entry.unwrap_or_else(|e| panic!("{e}"));
-            std::fs::copy(entry.path(), dir.path().join(entry.file_name()))
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
-        dir
-    }
-
     fn layout_record(path: &Path) -> Option<Vec<u8>> {
         let db = rocksdb::DB::open_cf(
             &rocksdb::Options::default(),
@@ -103,17 +89,18 @@ mod tests {
 
     #[test]
     fn a_task_directory_read_to_be_moved_gets_no_layout_record() {
-        let dir = cut_short();
-        let read = TaskDir::open(dir.path(), &RocksDbOptions::default())
+        // The cut-short fixture: a task's RocksDB with column families and no layout record.
+        let (_dir, path) = crate::test_fixtures::copy("v2_cut_short/0");
+        let read = TaskDir::open(&path, &RocksDbOptions::default())
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("no task directory"));
         assert!(read.store("counts").is_some());
         drop(read);
-        assert_eq!(layout_record(dir.path()), None);
+        assert_eq!(layout_record(&path), None);
         // An open of an existing RocksDB of the same layout writes it: the mode is what differs.
         drop(
             Db::open(
-                dir.path(),
+                &path,
                 &RocksDbOptions::default(),
                 Layout::Task,
                 &[],
@@ -121,6 +108,6 @@ mod tests {
             )
             .unwrap_or_else(|e| panic!("{e}")),
         );
-        assert!(layout_record(dir.path()).is_some());
+        assert!(layout_record(&path).is_some());
     }
 }
